@@ -1,0 +1,409 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// EnvDatabaseURL overrides database.url.
+const EnvDatabaseURL = "LEDGERKEEPER_DATABASE_URL"
+
+// Duration is a time.Duration written as "30s", "2m", "24h".
+type Duration time.Duration
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// Secret is a string that never prints its contents: fmt, slog and JSON
+// all see "****". Reveal returns the value for the one place that needs it.
+type Secret string
+
+// Reveal returns the secret's value.
+func (s Secret) Reveal() string { return string(s) }
+
+// String masks the value.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return "****"
+}
+
+// MarshalJSON masks the value.
+func (s Secret) MarshalJSON() ([]byte, error) { return json.Marshal(s.String()) }
+
+// Format masks the value for every fmt verb, %#v included.
+func (s Secret) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, s.String()) }
+
+// LookupEnv reads the environment; tests substitute their own.
+type LookupEnv func(string) (string, bool)
+
+// Default returns the built-in configuration (no file), with env applied.
+func Default(env LookupEnv) (*Config, error) {
+	c := &Config{}
+	if err := c.finish(env); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Load reads, expands, decodes, defaults and validates a file.
+func Load(path string, env LookupEnv) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{File: path, Msg: fmt.Sprintf("cannot read: %v", err)}
+	}
+	return Parse(path, data, env)
+}
+
+// Parse is Load for bytes already read; file names them in errors.
+func Parse(file string, data []byte, env LookupEnv) (*Config, error) {
+	if env == nil {
+		env = os.LookupEnv
+	}
+	c := &Config{File: file, lines: map[string]int{}}
+	var root yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
+		return nil, &Error{File: file, Line: yamlErrLine(err), Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		d := &decoder{file: file, env: env, lines: c.lines}
+		d.decode(root.Content[0], reflect.ValueOf(c).Elem(), "")
+		if len(d.errs) > 0 {
+			return nil, d.errs
+		}
+	}
+	if err := c.finish(env); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// finish applies env overrides, reads *_file secrets, defaults, validates.
+func (c *Config) finish(env LookupEnv) error {
+	if env == nil {
+		env = os.LookupEnv
+	}
+	if v, ok := env(EnvDatabaseURL); ok && v != "" {
+		c.Database.URL = Secret(v)
+	}
+	var errs Errors
+	readSecret := func(path string, file string, dst *Secret) {
+		if file == "" {
+			return
+		}
+		if *dst != "" {
+			errs = append(errs, c.errAt(path, "set both the value and its _file twin: choose one"))
+			return
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			errs = append(errs, c.errAt(path, "cannot read secret file: %v", err))
+			return
+		}
+		*dst = Secret(strings.TrimRight(string(b), "\r\n"))
+	}
+	readSecret("database.url_file", c.Database.URLFile, &c.Database.URL)
+	readSecret("alerts.slack.webhook_url_file", c.Alerts.Slack.WebhookURLFile, &c.Alerts.Slack.WebhookURL)
+	readSecret("alerts.slack.token_file", c.Alerts.Slack.TokenFile, &c.Alerts.Slack.Token)
+	for name, t := range c.Tools {
+		if t.Probe == nil {
+			continue
+		}
+		base := "tools." + name + ".probe."
+		readSecret(base+"database_url_file", t.Probe.DatabaseURLFile, &t.Probe.DatabaseURL)
+		for h, f := range t.Probe.HeadersFile {
+			if t.Probe.Headers == nil {
+				t.Probe.Headers = map[string]Secret{}
+			}
+			v := t.Probe.Headers[h]
+			readSecret(base+"headers_file."+h, f, &v)
+			t.Probe.Headers[h] = v
+		}
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	c.ApplyDefaults()
+	return c.Validate()
+}
+
+// SetDatabaseURL applies the --database-url flag (highest precedence).
+func (c *Config) SetDatabaseURL(u string) {
+	if u != "" {
+		c.Database.URL = Secret(u)
+	}
+}
+
+func yamlErrLine(err error) int {
+	s := err.Error()
+	if i := strings.Index(s, "line "); i >= 0 {
+		rest := s[i+5:]
+		j := 0
+		for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+			j++
+		}
+		n, _ := strconv.Atoi(rest[:j])
+		return n
+	}
+	return 0
+}
+
+// decoder maps a yaml.Node tree onto Go values by their yaml tags. It exists
+// instead of yaml's own Decode so that every error names the key path and
+// line, unknown keys are errors, and ${VAR} expands in scalars only (never
+// in the YAML text, so a secret cannot change the document's structure).
+type decoder struct {
+	file  string
+	env   LookupEnv
+	lines map[string]int
+	errs  Errors
+}
+
+var durationType = reflect.TypeOf(Duration(0))
+
+func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
+	d.errs = append(d.errs, &Error{File: d.file, Line: n.Line, Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func join(base, key string) string {
+	if base == "" {
+		return key
+	}
+	return base + "." + key
+}
+
+func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
+	if _, ok := d.lines[path]; !ok && path != "" {
+		d.lines[path] = n.Line
+	}
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return // key present without a value: keep the default
+	}
+	switch v.Kind() {
+	case reflect.Pointer:
+		if v.IsNil() {
+			v.Set(reflect.New(v.Type().Elem()))
+		}
+		d.decode(n, v.Elem(), path)
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			d.fail(n, path, "expected a mapping, got %s", kindName(n))
+			return
+		}
+		fields := map[string]reflect.Value{}
+		var names []string
+		for i := 0; i < v.NumField(); i++ {
+			tag := strings.Split(v.Type().Field(i).Tag.Get("yaml"), ",")[0]
+			if tag == "" || tag == "-" {
+				continue
+			}
+			fields[tag] = v.Field(i)
+			names = append(names, tag)
+		}
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, val := n.Content[i], n.Content[i+1]
+			p := join(path, k.Value)
+			f, ok := fields[k.Value]
+			if !ok {
+				d.fail(k, p, "unknown key%s", suggest(k.Value, names))
+				continue
+			}
+			if seen[k.Value] {
+				d.fail(k, p, "key given twice")
+				continue
+			}
+			seen[k.Value] = true
+			d.lines[p] = k.Line
+			d.decode(val, f, p)
+		}
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			d.fail(n, path, "expected a mapping, got %s", kindName(n))
+			return
+		}
+		if v.IsNil() {
+			v.Set(reflect.MakeMap(v.Type()))
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, val := n.Content[i], n.Content[i+1]
+			p := join(path, k.Value)
+			if k.Value == "" {
+				d.fail(k, p, "empty key")
+				continue
+			}
+			if v.MapIndex(reflect.ValueOf(k.Value)).IsValid() {
+				d.fail(k, p, "key given twice")
+				continue
+			}
+			elem := reflect.New(v.Type().Elem()).Elem()
+			d.lines[p] = k.Line
+			d.decode(val, elem, p)
+			v.SetMapIndex(reflect.ValueOf(k.Value), elem)
+		}
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			d.fail(n, path, "expected a list, got %s", kindName(n))
+			return
+		}
+		s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
+		for i, item := range n.Content {
+			d.decode(item, s.Index(i), fmt.Sprintf("%s[%d]", path, i))
+		}
+		v.Set(s)
+	default:
+		d.scalar(n, v, path)
+	}
+}
+
+func (d *decoder) scalar(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.ScalarNode {
+		d.fail(n, path, "expected a single value, got %s", kindName(n))
+		return
+	}
+	raw, err := expand(n.Value, d.env)
+	if err != nil {
+		d.fail(n, path, "%v", err)
+		return
+	}
+	if v.Type() == durationType {
+		dur, err := time.ParseDuration(raw)
+		if err != nil || dur < 0 {
+			d.fail(n, path, "bad duration %q (want e.g. 30s, 5m, 24h)", raw)
+			return
+		}
+		v.SetInt(int64(dur))
+		return
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(raw)
+	case reflect.Int, reflect.Int64:
+		i, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil {
+			d.fail(n, path, "expected an integer, got %q", raw)
+			return
+		}
+		v.SetInt(i)
+	case reflect.Float64:
+		f, err := strconv.ParseFloat(raw, 64)
+		if err != nil {
+			d.fail(n, path, "expected a number, got %q", raw)
+			return
+		}
+		v.SetFloat(f)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(raw)
+		if err != nil {
+			d.fail(n, path, "expected true or false, got %q", raw)
+			return
+		}
+		v.SetBool(b)
+	default:
+		panic(fmt.Sprintf("config: unsupported field type %s at %s", v.Type(), path))
+	}
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	default:
+		return fmt.Sprintf("%q", n.Value)
+	}
+}
+
+// expand replaces ${VAR} with the variable's value; $$ is a literal $. An
+// unset variable is an error (naming the variable, never a value).
+func expand(s string, env LookupEnv) (string, error) {
+	if !strings.Contains(s, "$") {
+		return s, nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+1 < len(s) && s[i+1] == '$' {
+			b.WriteByte('$')
+			i++
+			continue
+		}
+		if i+1 < len(s) && s[i+1] == '{' {
+			end := strings.IndexByte(s[i+2:], '}')
+			if end < 0 {
+				return "", fmt.Errorf("unterminated ${ in value")
+			}
+			name := s[i+2 : i+2+end]
+			if name == "" {
+				return "", fmt.Errorf("empty ${} in value")
+			}
+			val, ok := env(name)
+			if !ok {
+				return "", fmt.Errorf("environment variable %s is not set", name)
+			}
+			b.WriteString(val)
+			i += 2 + end
+			continue
+		}
+		b.WriteByte('$')
+	}
+	return b.String(), nil
+}
+
+// suggest proposes the closest known key, for typos.
+func suggest(got string, known []string) string {
+	best, bestD := "", 3
+	for _, k := range known {
+		if dd := distance(got, k); dd < bestD {
+			best, bestD = k, dd
+		}
+	}
+	if best == "" {
+		return " (known: " + strings.Join(known, ", ") + ")"
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

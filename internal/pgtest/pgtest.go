@@ -1,0 +1,263 @@
+// Package pgtest gives every test a real PostgreSQL: one server per test
+// binary, a fresh migrated database per test.
+//
+// The server is, in order: the one at LEDGERKEEPER_TEST_DATABASE_URL if set;
+// a testcontainers-go PostgreSQL container when a Docker engine answers; an
+// ephemeral cluster from the local PostgreSQL binaries (package pgembed).
+// When none works, the test binary fails loudly with what was tried: the
+// database tests are never skipped.
+//
+// Use it from TestMain:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/testcontainers/testcontainers-go"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	"go.uber.org/goleak"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgembed"
+	"github.com/ledgerkeeper/ledgerkeeper/migrations"
+)
+
+// EnvURL names the variable that points the tests at an existing server. The
+// user must be allowed to create databases.
+const EnvURL = "LEDGERKEEPER_TEST_DATABASE_URL"
+
+const templateDB = "ledgerkeeper_template"
+
+var (
+	serverURL string // admin URL of the server, database "postgres"
+	prefix    string // per test binary, so binaries can share one server
+	counter   atomic.Int64
+	createMu  sync.Mutex
+)
+
+// Main starts the server, runs the tests, stops the server and exits. It
+// also checks for leaked goroutines after a successful run.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx := context.Background()
+	stop, err := start(ctx)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: no PostgreSQL for the tests: %v\n", err)
+		return 1
+	}
+	code := m.Run()
+	if err := dropOwnDatabases(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: cleanup: %v\n", err)
+	}
+	stop()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: goroutines leaked: %v\n", err)
+			return 1
+		}
+	}
+	return code
+}
+
+func start(ctx context.Context) (func(), error) {
+	prefix = fmt.Sprintf("lkt_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	var tried []string
+	if u := os.Getenv(EnvURL); u != "" {
+		serverURL = u
+		if err := prepareTemplate(ctx); err != nil {
+			return nil, fmt.Errorf("%s is set but unusable: %w", EnvURL, err)
+		}
+		return func() {}, nil
+	}
+	tried = append(tried, EnvURL+" is not set")
+
+	if stop, err := startContainer(ctx); err == nil {
+		if err := prepareTemplate(ctx); err != nil {
+			stop()
+			return nil, err
+		}
+		return stop, nil
+	} else {
+		tried = append(tried, "testcontainers: "+err.Error())
+	}
+
+	srv, err := pgembed.Start(ctx, pgembed.Options{})
+	if err != nil {
+		tried = append(tried, "local PostgreSQL binaries: "+err.Error())
+		return nil, fmt.Errorf("tried, in order:\n  - %s", strings.Join(tried, "\n  - "))
+	}
+	serverURL = srv.URL
+	if err := prepareTemplate(ctx); err != nil {
+		srv.Stop()
+		return nil, err
+	}
+	return srv.Stop, nil
+}
+
+func startContainer(ctx context.Context) (func(), error) {
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	provider, err := testcontainers.NewDockerProvider()
+	if err != nil {
+		return nil, fmt.Errorf("no Docker engine: %w", err)
+	}
+	defer provider.Close()
+	if err := provider.Health(hctx); err != nil {
+		return nil, fmt.Errorf("no Docker engine answers: %w", err)
+	}
+	c, err := tcpostgres.Run(ctx, "postgres:15-alpine",
+		tcpostgres.WithDatabase("postgres"),
+		tcpostgres.WithUsername("postgres"),
+		tcpostgres.WithPassword("postgres"),
+		tcpostgres.BasicWaitStrategies(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("start container: %w", err)
+	}
+	u, err := c.ConnectionString(ctx, "sslmode=disable")
+	if err != nil {
+		_ = testcontainers.TerminateContainer(c)
+		return nil, err
+	}
+	serverURL = u
+	return func() { _ = testcontainers.TerminateContainer(c) }, nil
+}
+
+// prepareTemplate creates this binary's migrated template database.
+func prepareTemplate(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	tmpl := prefix + "_" + templateDB
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{tmpl}.Sanitize()); err != nil {
+		return fmt.Errorf("create template database: %w", err)
+	}
+	pool, err := pgxpool.New(ctx, WithDatabase(serverURL, tmpl))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := migrations.Up(ctx, pool, nil); err != nil {
+		return fmt.Errorf("migrate template: %w", err)
+	}
+	return nil
+}
+
+func dropOwnDatabases(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE $1", prefix+"%")
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{n}.Sanitize()+" WITH (FORCE)"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WithDatabase returns u with its database name replaced.
+func WithDatabase(u, db string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		panic(fmt.Sprintf("pgtest: bad URL: %v", err))
+	}
+	parsed.Path = "/" + db
+	return parsed.String()
+}
+
+// DB is one test's database.
+type DB struct {
+	// Pool is connected to the database; closed when the test ends.
+	Pool *pgxpool.Pool
+	// URL connects to the same database (for subprocesses and second pools).
+	URL string
+	// Name is the database name.
+	Name string
+}
+
+// New returns a fresh database with the ledgerkeeper schema applied.
+func New(t testing.TB) *DB {
+	t.Helper()
+	return create(t, prefix+"_"+templateDB)
+}
+
+// NewEmpty returns a fresh database without the schema (a downstream, or a
+// target for migration tests).
+func NewEmpty(t testing.TB) *DB {
+	t.Helper()
+	return create(t, "template0")
+}
+
+func create(t testing.TB, template string) *DB {
+	t.Helper()
+	if serverURL == "" {
+		t.Fatal("pgtest: no server: call pgtest.Main(m) from TestMain")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	name := fmt.Sprintf("%s_%d", prefix, counter.Add(1))
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	// Creating from one template is serialised: PostgreSQL refuses a copy
+	// while another session is connected to the template.
+	createMu.Lock()
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{template}.Sanitize())
+	createMu.Unlock()
+	conn.Close(ctx)
+	if err != nil {
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	u := WithDatabase(serverURL, name)
+	pool, err := pgxpool.New(ctx, u)
+	if err != nil {
+		t.Fatalf("pgtest: pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return &DB{Pool: pool, URL: u, Name: name}
+}
+
+// Exec runs a statement and fails the test on error.
+func (d *DB) Exec(t testing.TB, sql string, args ...any) {
+	t.Helper()
+	if _, err := d.Pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("pgtest: %s: %v", sql, err)
+	}
+}
+
+// Count returns SELECT count(*) of the query's rows.
+func (d *DB) Count(t testing.TB, from string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := d.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+from, args...).Scan(&n); err != nil {
+		t.Fatalf("pgtest: count %s: %v", from, err)
+	}
+	return n
+}
