@@ -1,0 +1,172 @@
+package alerts
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Reason is why an alert fires; each has a runbook section of its own.
+type Reason string
+
+// The alert reasons. Their string values are stored in the outbox and name
+// the runbook sections (runbook.md#<reason>).
+const (
+	// ReasonDuplicate: the probe found more than one effect for one key:
+	// idempotency was already violated downstream. Alerted at once.
+	ReasonDuplicate Reason = "duplicate_effect"
+	// ReasonProbeFailing: the probe keeps answering unknown (errors,
+	// timeouts, garbage) for a key past alert_after_attempts or
+	// alert_after_age.
+	ReasonProbeFailing Reason = "probe_failing"
+	// ReasonNoProbe: a key is stuck for a tool without a probe (or absent
+	// from the configuration): a human must decide.
+	ReasonNoProbe Reason = "no_probe"
+	// ReasonExpiredProcessing: a processing key passed expires_at; purge
+	// keeps it and asks for a decision.
+	ReasonExpiredProcessing Reason = "expired_processing"
+	// ReasonDownstreamUnreachable: a tool's circuit breaker opened; one
+	// alert per tool, not per key.
+	ReasonDownstreamUnreachable Reason = "downstream_unreachable"
+	// ReasonDedupWindowPassed: the probe says not_found but the key is
+	// older than the downstream's own dedup window, so a wrong not_found
+	// could no longer be caught downstream: escalated, never auto-retried.
+	ReasonDedupWindowPassed Reason = "dedup_window_passed"
+)
+
+// Reasons lists every reason, in the order messages present them.
+var Reasons = []Reason{
+	ReasonDuplicate, ReasonDedupWindowPassed, ReasonExpiredProcessing,
+	ReasonDownstreamUnreachable, ReasonProbeFailing, ReasonNoProbe,
+}
+
+// Alert is one alert raised into the outbox.
+type Alert struct {
+	Reason Reason
+	// Tool is always set; Key is empty for tool-wide alerts
+	// (downstream_unreachable).
+	Tool    string
+	Key     string
+	Details Details
+}
+
+// Details travel with an alert for the message.
+type Details struct {
+	Attempts  int        `json:"attempts,omitempty"`
+	ClaimedAt *time.Time `json:"claimed_at,omitempty"`
+	CreatedAt *time.Time `json:"created_at,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Verdict   string     `json:"verdict,omitempty"`
+	LastError string     `json:"last_error,omitempty"`
+	// Note is free text from ledgerkeeper itself (never from a downstream).
+	Note string `json:"note,omitempty"`
+	// Resolution says how a resolved alert was resolved.
+	Resolution string `json:"resolution,omitempty"`
+	// Keys counts the affected keys of a tool-wide alert.
+	Keys int `json:"keys,omitempty"`
+}
+
+// DBTX is a pool or a transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// subject identifies what an alert is about, for de-duplication.
+func subject(a Alert) string {
+	if a.Key != "" {
+		return "key:" + a.Key
+	}
+	return "tool:" + a.Tool
+}
+
+// maxErrorLen bounds a stored error: messages truncate further.
+const maxErrorLen = 2000
+
+// Raise records a firing alert. Call it inside the transaction that records
+// the decision raising it (invariant 8): the alert exists if and only if the
+// decision does. An alert for the same reason and subject raised less than
+// renotifyAfter ago, and not resolved since, is not enqueued again; Raise
+// then returns false.
+func Raise(ctx context.Context, db DBTX, a Alert, renotifyAfter time.Duration) (bool, error) {
+	if a.Reason == "" || a.Tool == "" {
+		panic("alerts: Raise needs a reason and a tool")
+	}
+	const upsert = `INSERT INTO alert_state AS s (reason, subject, tool, key) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (reason, subject) DO UPDATE
+		SET last_raised_at = now(), resolved_at = NULL,
+		    first_raised_at = CASE WHEN s.resolved_at IS NOT NULL THEN now() ELSE s.first_raised_at END
+		WHERE s.resolved_at IS NOT NULL OR s.last_raised_at <= now() - $5::interval
+		RETURNING 1`
+	var one int
+	err := db.QueryRow(ctx, upsert, string(a.Reason), subject(a), a.Tool, nullable(a.Key), renotifyAfter).Scan(&one)
+	if err == pgx.ErrNoRows {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("raise %s alert: %w", a.Reason, err)
+	}
+	if len(a.Details.LastError) > maxErrorLen {
+		a.Details.LastError = a.Details.LastError[:maxErrorLen]
+	}
+	if err := enqueue(ctx, db, a, "firing"); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// ResolveKey records that key's open alerts are resolved (how: "completed by
+// reconciler", "resolved by original attempt", "resolved by operator alice",
+// "purged") and enqueues one resolved notice per alert. It returns how many
+// alerts it resolved.
+func ResolveKey(ctx context.Context, db DBTX, tool, key, how string) (int, error) {
+	return resolve(ctx, db, "key:"+key, tool, key, how)
+}
+
+// ResolveTool resolves a tool-wide alert (the breaker closed).
+func ResolveTool(ctx context.Context, db DBTX, tool, how string) (int, error) {
+	return resolve(ctx, db, "tool:"+tool, tool, "", how)
+}
+
+func resolve(ctx context.Context, db DBTX, subj, tool, key, how string) (int, error) {
+	rows, err := db.Query(ctx, `UPDATE alert_state SET resolved_at = now()
+		WHERE subject = $1 AND resolved_at IS NULL RETURNING reason`, subj)
+	if err != nil {
+		return 0, fmt.Errorf("resolve alerts of %s: %w", subj, err)
+	}
+	reasons, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("resolve alerts of %s: %w", subj, err)
+	}
+	for _, r := range reasons {
+		if err := enqueue(ctx, db, Alert{Reason: Reason(r), Tool: tool, Key: key, Details: Details{Resolution: how}}, "resolved"); err != nil {
+			return 0, err
+		}
+	}
+	return len(reasons), nil
+}
+
+func enqueue(ctx context.Context, db DBTX, a Alert, kind string) error {
+	details, err := json.Marshal(a.Details)
+	if err != nil {
+		return fmt.Errorf("encode alert details: %w", err)
+	}
+	_, err = db.Exec(ctx, `INSERT INTO alert_outbox (reason, kind, tool, key, details) VALUES ($1, $2, $3, $4, $5)`,
+		string(a.Reason), kind, a.Tool, nullable(a.Key), string(details))
+	if err != nil {
+		return fmt.Errorf("enqueue %s alert: %w", a.Reason, err)
+	}
+	return nil
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/user"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
+	"github.com/ledgerkeeper/ledgerkeeper/migrations"
+)
+
+const (
+	envDatabaseURL    = config.EnvDatabaseURL
+	defaultConfigFile = "ledgerkeeper.yaml"
+)
+
+// app is what every command shares: flags, configuration, logger, pool.
+type app struct {
+	stdout, stderr io.Writer
+
+	configPath  string
+	databaseURL string
+	logLevel    string
+
+	cfg    *config.Config
+	logger *slog.Logger
+}
+
+// load reads the configuration (once) and sets up the logger.
+func (a *app) load() error {
+	if a.cfg != nil {
+		return nil
+	}
+	path := a.configPath
+	if path == "" {
+		if _, err := os.Stat(defaultConfigFile); err == nil {
+			path = defaultConfigFile
+		}
+	}
+	var cfg *config.Config
+	var err error
+	if path == "" {
+		cfg, err = config.Default(os.LookupEnv)
+	} else {
+		cfg, err = config.Load(path, os.LookupEnv)
+	}
+	if err != nil {
+		return &configError{err}
+	}
+	cfg.SetDatabaseURL(a.databaseURL)
+	if a.logLevel != "" {
+		cfg.Log.Level = a.logLevel
+	}
+	a.cfg = cfg
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.Log.Level)); err != nil {
+		return usagef("--log-level: %v", err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.Log.Format == "json" {
+		a.logger = slog.New(slog.NewJSONHandler(a.stderr, opts))
+	} else {
+		a.logger = slog.New(slog.NewTextHandler(a.stderr, opts))
+	}
+	return nil
+}
+
+// pool connects to the ledger database and checks it answers.
+func (a *app) pool(ctx context.Context) (*pgxpool.Pool, error) {
+	if err := a.load(); err != nil {
+		return nil, err
+	}
+	raw := a.cfg.Database.URL.Reveal()
+	if raw == "" {
+		return nil, &configError{fmt.Errorf("no database: set database.url in the configuration, $%s, or --database-url", envDatabaseURL)}
+	}
+	return connect(ctx, raw, a.cfg.Database.MaxConns)
+}
+
+func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		// pgx's parse errors may quote the URL: never repeat them.
+		return nil, &configError{fmt.Errorf("database URL %s is not a valid PostgreSQL URL or DSN", redactURL(raw))}
+	}
+	if maxConns > 0 {
+		pc.MaxConns = int32(maxConns)
+	}
+	pc.ConnConfig.RuntimeParams["application_name"] = "ledgerkeeper"
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("database at %s: %w", redactURL(raw), err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot reach database at %s:%d/%s (%v): is PostgreSQL running? set database.url, $%s or --database-url",
+			pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, rootCause(err), envDatabaseURL)
+	}
+	return pool, nil
+}
+
+// checkSchema refuses to work on a database that was never migrated.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	st, err := migrations.List(ctx, pool)
+	if err != nil {
+		return err
+	}
+	var pending []string
+	for _, s := range st {
+		if !s.Applied {
+			pending = append(pending, s.Name)
+		}
+	}
+	if len(pending) > 0 {
+		return fmt.Errorf("the database schema is not up to date (%d migration(s) pending: %v): run 'ledgerkeeper migrate'", len(pending), pending)
+	}
+	return nil
+}
+
+// rootCause is the innermost error's first line (pgx joins one error per
+// address tried).
+func rootCause(err error) string {
+	for {
+		u := errors.Unwrap(err)
+		if u == nil {
+			break
+		}
+		err = u
+	}
+	msg := err.Error()
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		msg = msg[:i]
+	}
+	return msg
+}
+
+// redactURL hides the password of a URL (DSNs in key=value form are shown
+// as "the configured database").
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return "the configured database"
+	}
+	return u.Redacted()
+}
+
+// actor names who acts: --actor, else $USER, else the OS user.
+func actor(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return "operator"
+}
+
+// writeJSON prints one JSON document on stdout.
+func (a *app) writeJSON(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// roundTrip re-decodes v's JSON form into out.
+func roundTrip(v, out any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, out)
+}

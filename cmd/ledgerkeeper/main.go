@@ -1,0 +1,115 @@
+// Command ledgerkeeper keeps an idempotency-key ledger in PostgreSQL honest:
+// it resolves keys stuck in processing by asking the downstream, purges
+// expired keys and alerts on what it cannot resolve. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes (DESIGN.md): 0 done, 1 operational failure, 2 usage or config.
+const (
+	exitOK          = 0
+	exitOperational = 1
+	exitUsage       = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is main without the process: tests call it.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := &app{stdout: stdout, stderr: stderr}
+	root := newRootCmd(a)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	var ue *usageError
+	var ce *configError
+	switch {
+	case errors.As(err, &ue), errors.As(err, &ce), isCobraUsage(err):
+		fmt.Fprintf(stderr, "ledgerkeeper: %v\n", err)
+		if errors.As(err, &ue) || isCobraUsage(err) {
+			fmt.Fprintln(stderr, "Run 'ledgerkeeper --help' for usage.")
+		}
+		return exitUsage
+	case errors.Is(err, errSilentFailure):
+		return exitOperational
+	default:
+		fmt.Fprintf(stderr, "ledgerkeeper: %v\n", err)
+		return exitOperational
+	}
+}
+
+func newRootCmd(a *app) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "ledgerkeeper",
+		Short: "Keeps an idempotency-key ledger in PostgreSQL honest",
+		Long: `ledgerkeeper finds idempotency keys stuck in processing past their tool's
+window, asks the downstream through a per-tool probe whether the effect
+exists, stores the outcome or marks the key failed_retryable, purges expired
+keys, and alerts on Slack for everything it cannot resolve.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&a.configPath, "config", "", "configuration file (default ledgerkeeper.yaml if present)")
+	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL of the ledger (overrides database.url and $"+envDatabaseURL+")")
+	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "", "debug, info, warn or error (overrides log.level)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	root.AddCommand(
+		newMigrateCmd(a),
+		newConfigCmd(a),
+	)
+	return root
+}
+
+// usageError is a mistake in the command line: exit 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Errorf(format, args...)} }
+
+// configError is a bad configuration: exit 2.
+type configError struct{ err error }
+
+func (e *configError) Error() string { return e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
+
+// errSilentFailure: the command already explained the failure; exit 1.
+var errSilentFailure = errors.New("failed")
+
+func isCobraUsage(err error) bool {
+	s := err.Error()
+	return strings.HasPrefix(s, "unknown command") || strings.HasPrefix(s, "unknown flag") ||
+		strings.HasPrefix(s, "unknown shorthand flag") || strings.Contains(s, "accepts ") ||
+		strings.HasPrefix(s, "required flag")
+}
+
+// args returns a positional-argument validator whose errors are usage errors.
+func args(v cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error {
+		if err := v(cmd, a); err != nil {
+			return &usageError{err}
+		}
+		return nil
+	}
+}

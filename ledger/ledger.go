@@ -1,0 +1,120 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Statuses of a key (the CHECK constraint's values).
+const (
+	StatusProcessing      = "processing"
+	StatusCompleted       = "completed"
+	StatusFailedRetryable = "failed_retryable"
+)
+
+// MaxKeyLength and MaxToolLength are the column widths.
+const (
+	MaxKeyLength  = 128
+	MaxToolLength = 64
+)
+
+// Sentinel errors: pgx errors never leave this package unwrapped.
+var (
+	// ErrNotFound: no row for the key.
+	ErrNotFound = errors.New("idempotency key not found")
+	// ErrConflict: a compare-and-set found the row in another state than
+	// the one it was read in (another attempt or the reconciler got there
+	// first).
+	ErrConflict = errors.New("idempotency key changed concurrently")
+	// ErrHeld: the key is on hold; only release lifts it.
+	ErrHeld = errors.New("idempotency key is on hold")
+	// ErrInvalid: the arguments break the data contract (key too long...).
+	ErrInvalid = errors.New("invalid idempotency key data")
+)
+
+// DBTX is what every function here runs on: a *pgxpool.Pool, a pgx.Tx or a
+// *pgx.Conn.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Beginner starts transactions (a pool or a connection).
+type Beginner interface {
+	DBTX
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Key is one row of idempotency_keys.
+type Key struct {
+	Key          string          `json:"key"`
+	Tool         string          `json:"tool"`
+	RequestHash  string          `json:"request_hash"`
+	RequestBody  json.RawMessage `json:"request_body,omitempty"`
+	Status       string          `json:"status"`
+	ResponseCode *int            `json:"response_code,omitempty"`
+	ResponseBody json.RawMessage `json:"response_body,omitempty"`
+	CreatedAt    time.Time       `json:"created_at"`
+	ClaimedAt    time.Time       `json:"claimed_at"`
+	UpdatedAt    time.Time       `json:"updated_at"`
+	ExpiresAt    time.Time       `json:"expires_at"`
+	HeartbeatAt  *time.Time      `json:"heartbeat_at,omitempty"`
+}
+
+const keyColumns = `key, tool, request_hash, request_body, status, response_code, response_body,
+	created_at, claimed_at, updated_at, expires_at, heartbeat_at`
+
+func scanKey(row pgx.Row) (Key, error) {
+	var k Key
+	err := row.Scan(&k.Key, &k.Tool, &k.RequestHash, &k.RequestBody, &k.Status, &k.ResponseCode,
+		&k.ResponseBody, &k.CreatedAt, &k.ClaimedAt, &k.UpdatedAt, &k.ExpiresAt, &k.HeartbeatAt)
+	return k, err
+}
+
+// wrap turns a pgx error into ours, naming the operation.
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: %w", op, ErrNotFound)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// Get reads one key.
+func Get(ctx context.Context, db DBTX, key string) (Key, error) {
+	const q = `SELECT ` + keyColumns + ` FROM idempotency_keys WHERE key = $1`
+	k, err := scanKey(db.QueryRow(ctx, q, key))
+	return k, wrap("get key", err)
+}
+
+func validKey(key, tool string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	case len(key) > MaxKeyLength:
+		return fmt.Errorf("%w: key is %d bytes, at most %d", ErrInvalid, len(key), MaxKeyLength)
+	case tool == "":
+		return fmt.Errorf("%w: empty tool", ErrInvalid)
+	case len(tool) > MaxToolLength:
+		return fmt.Errorf("%w: tool is %d bytes, at most %d", ErrInvalid, len(tool), MaxToolLength)
+	}
+	return nil
+}
+
+// validBody checks a body is JSON (jsonb would refuse it with a less useful
+// error).
+func validBody(what string, b json.RawMessage) error {
+	if b != nil && !json.Valid(b) {
+		return fmt.Errorf("%w: %s is not valid JSON", ErrInvalid, what)
+	}
+	return nil
+}

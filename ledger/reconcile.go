@@ -1,0 +1,405 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// LeaseParams select due keys of one tool.
+type LeaseParams struct {
+	Tool string
+	// Window is processing_window + grace: a key claimed more recently is
+	// in flight and never touched (invariant 1).
+	Window time.Duration
+	// HeartbeatTimeout: a key whose heartbeat is younger is in flight.
+	HeartbeatTimeout time.Duration
+	// Owner identifies this lease holder uniquely (replica id plus a nonce
+	// per pass): the decision write is conditional on it.
+	Owner string
+	// Lease is how long the lease lasts.
+	Lease time.Duration
+	// Limit is the batch size.
+	Limit int
+	// Keys, when set, restricts the batch to these keys.
+	Keys []string
+	// IgnoreBackoff leases keys whose next probe time has not come yet
+	// (an operator's `reconcile --key`). Never the processing window.
+	IgnoreBackoff bool
+}
+
+// Leased is a key leased for one probe attempt.
+type Leased struct {
+	Key
+	// Attempts is the number of probe decisions already recorded for this
+	// claim of the key.
+	Attempts int
+	// FirstNotFoundAt is when a not_found awaiting confirmation was seen.
+	FirstNotFoundAt *time.Time
+	// LeaseExpiresAt is when the lease lapses.
+	LeaseExpiresAt time.Time
+}
+
+// LeaseDue leases up to p.Limit due keys of p.Tool, oldest claim first, and
+// commits (when db is a pool) before returning: no row lock is held while
+// they are probed. A key is due when it is processing, claimed before
+// now() - Window, without a fresh heartbeat, not on hold, not leased by
+// anyone else, and its next probe time has come.
+//
+// The row locks (FOR NO KEY UPDATE SKIP LOCKED) keep concurrent leasers off
+// each other's candidates; the upsert's WHERE, evaluated on the latest
+// committed reconcile_state row, is what makes a lease exclusive.
+func LeaseDue(ctx context.Context, db DBTX, p LeaseParams) ([]Leased, error) {
+	if p.Limit <= 0 || p.Owner == "" || p.Lease <= 0 {
+		panic("ledger: LeaseDue needs Limit, Owner and Lease")
+	}
+	const q = `
+WITH candidates AS (
+	SELECT k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
+	       k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at
+	FROM idempotency_keys k
+	LEFT JOIN reconcile_state s ON s.key = k.key
+	WHERE k.status = 'processing'
+	  AND k.tool = $1
+	  AND k.claimed_at <= now() - $2::interval
+	  AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - $3::interval)
+	  AND ($4::text[] IS NULL OR k.key = ANY($4::text[]))
+	  AND NOT EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
+	  AND (s.key IS NULL OR s.claimed_at <> k.claimed_at OR (
+	        (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
+	        AND ($5 OR s.next_probe_at IS NULL OR s.next_probe_at <= now())))
+	ORDER BY k.claimed_at
+	LIMIT $6
+	FOR NO KEY UPDATE OF k SKIP LOCKED
+), leased AS (
+	INSERT INTO reconcile_state AS s (key, tool, claimed_at, lease_owner, lease_expires_at, updated_at)
+	SELECT key, tool, claimed_at, $7, now() + $8::interval, now() FROM candidates
+	ON CONFLICT (key) DO UPDATE SET
+		tool = excluded.tool,
+		lease_owner = excluded.lease_owner,
+		lease_expires_at = excluded.lease_expires_at,
+		updated_at = excluded.updated_at,
+		attempts = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.attempts ELSE 0 END,
+		next_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.next_probe_at END,
+		first_not_found_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END,
+		last_verdict = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_verdict END,
+		last_error = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_error END,
+		last_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_probe_at END,
+		claimed_at = excluded.claimed_at
+	WHERE s.claimed_at <> excluded.claimed_at OR s.lease_expires_at IS NULL OR s.lease_expires_at <= now()
+	RETURNING s.key, s.attempts, s.first_not_found_at, s.lease_expires_at
+)
+SELECT c.key, c.tool, c.request_hash, c.request_body, c.status, c.response_code, c.response_body,
+       c.created_at, c.claimed_at, c.updated_at, c.expires_at, c.heartbeat_at,
+       l.attempts, l.first_not_found_at, l.lease_expires_at
+FROM leased l JOIN candidates c ON c.key = l.key
+ORDER BY c.claimed_at`
+	var keys []string
+	if len(p.Keys) > 0 {
+		keys = p.Keys
+	}
+	rows, err := db.Query(ctx, q, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, p.Owner, p.Lease)
+	if err != nil {
+		return nil, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Leased, error) {
+		var l Leased
+		err := row.Scan(&l.Key.Key, &l.Tool, &l.RequestHash, &l.RequestBody, &l.Status, &l.ResponseCode,
+			&l.ResponseBody, &l.CreatedAt, &l.ClaimedAt, &l.UpdatedAt, &l.ExpiresAt, &l.HeartbeatAt,
+			&l.Attempts, &l.FirstNotFoundAt, &l.LeaseExpiresAt)
+		return l, err
+	})
+	return out, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
+}
+
+// PeekDue lists due keys like LeaseDue but leases nothing and locks nothing:
+// for dry runs.
+func PeekDue(ctx context.Context, db DBTX, p LeaseParams) ([]Leased, error) {
+	const q = `
+SELECT k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
+       k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at,
+       CASE WHEN s.claimed_at = k.claimed_at THEN s.attempts ELSE 0 END,
+       CASE WHEN s.claimed_at = k.claimed_at THEN s.first_not_found_at END
+FROM idempotency_keys k
+LEFT JOIN reconcile_state s ON s.key = k.key
+WHERE k.status = 'processing'
+  AND k.tool = $1
+  AND k.claimed_at <= now() - $2::interval
+  AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - $3::interval)
+  AND ($4::text[] IS NULL OR k.key = ANY($4::text[]))
+  AND NOT EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
+  AND (s.key IS NULL OR s.claimed_at <> k.claimed_at OR (
+        (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
+        AND ($5 OR s.next_probe_at IS NULL OR s.next_probe_at <= now())))
+ORDER BY k.claimed_at
+LIMIT $6`
+	var keys []string
+	if len(p.Keys) > 0 {
+		keys = p.Keys
+	}
+	rows, err := db.Query(ctx, q, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit)
+	if err != nil {
+		return nil, wrap(fmt.Sprintf("list due keys of tool %q", p.Tool), err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Leased, error) {
+		var l Leased
+		err := row.Scan(&l.Key.Key, &l.Tool, &l.RequestHash, &l.RequestBody, &l.Status, &l.ResponseCode,
+			&l.ResponseBody, &l.CreatedAt, &l.ClaimedAt, &l.UpdatedAt, &l.ExpiresAt, &l.HeartbeatAt,
+			&l.Attempts, &l.FirstNotFoundAt)
+		return l, err
+	})
+	return out, wrap(fmt.Sprintf("list due keys of tool %q", p.Tool), err)
+}
+
+// ProcessingTools lists the tools that have processing keys claimed before
+// now() - olderThan. A loose index scan on the partial index: its cost grows
+// with the number of tools, not of rows.
+func ProcessingTools(ctx context.Context, db DBTX, olderThan time.Duration) ([]string, error) {
+	const q = `
+WITH RECURSIVE t AS (
+	(SELECT tool FROM idempotency_keys WHERE status = 'processing' ORDER BY tool LIMIT 1)
+	UNION ALL
+	SELECT (SELECT tool FROM idempotency_keys WHERE status = 'processing' AND tool > t.tool ORDER BY tool LIMIT 1)
+	FROM t WHERE t.tool IS NOT NULL
+)
+SELECT tool FROM t WHERE tool IS NOT NULL
+  AND EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.status = 'processing' AND k.tool = t.tool
+              AND k.claimed_at <= now() - $1::interval)`
+	rows, err := db.Query(ctx, q, olderThan)
+	if err != nil {
+		return nil, wrap("list tools with processing keys", err)
+	}
+	tools, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return tools, wrap("list tools with processing keys", err)
+}
+
+// Decision is one reconcile decision, written by Decide in one transaction
+// with its audit row.
+type Decision struct {
+	Key       string
+	Tool      string
+	ClaimedAt time.Time
+	// Owner is the lease holder; "" for an operator's decision, which is
+	// conditional on status and claimed_at only.
+	Owner string
+	// Actor is recorded in the audit: replica id or operator.
+	Actor string
+	// Verdict is the probe's verdict (or "operator").
+	Verdict string
+	// Transition is the ledger change: "" (none), StatusCompleted or
+	// StatusFailedRetryable.
+	Transition string
+	// Outcome for a transition to completed.
+	ResponseCode int
+	ResponseBody json.RawMessage
+	// Action names the decision in the audit trail ("completed",
+	// "marked_retryable", "backoff", "awaiting_confirmation", ...).
+	Action string
+	// Evidence and Error are recorded in the audit.
+	Evidence json.RawMessage
+	Error    string
+	// NextProbeIn schedules the next probe (bookkeeping only).
+	NextProbeIn time.Duration
+	// CountAttempt adds one to the key's attempts.
+	CountAttempt bool
+	// NotFoundSeen records the first not_found awaiting confirmation.
+	NotFoundSeen bool
+}
+
+// DecideResult says what Decide did.
+type DecideResult struct {
+	// Applied: the transition (if any) and bookkeeping were written.
+	Applied bool
+	// Action is what the audit recorded (Decision.Action, or
+	// "resolved_by_original", "held", "lease_lost").
+	Action string
+	// Attempts after this decision.
+	Attempts int
+	// Current is the key as it stands after the decision.
+	Current Key
+}
+
+// Decide writes one decision inside tx: the compare-and-set transition of
+// the key (conditional on status processing, the claimed_at that was
+// probed, the lease and the absence of a hold), the bookkeeping, and the
+// audit row. When the condition fails it changes nothing in the ledger and
+// records why instead: "resolved_by_original" when the attempt finished or
+// was re-claimed meanwhile, "held" when an operator put it on hold, and
+// "lease_lost" when another reconciler took the key over.
+func Decide(ctx context.Context, tx pgx.Tx, d Decision) (DecideResult, error) {
+	cur, err := getForUpdate(ctx, tx, d.Key)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return DecideResult{}, err
+	}
+	res := DecideResult{Current: cur}
+	var attempts int
+	var leaseOwner *string
+	err = tx.QueryRow(ctx, `SELECT attempts, lease_owner FROM reconcile_state WHERE key = $1 AND claimed_at = $2 FOR UPDATE`, d.Key, d.ClaimedAt).Scan(&attempts, &leaseOwner)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return DecideResult{}, wrap("read reconcile state", err)
+	}
+	held, err := isHeld(ctx, tx, d.Key)
+	if err != nil {
+		return DecideResult{}, err
+	}
+	switch {
+	case cur.Key == "" || cur.Status != StatusProcessing || !cur.ClaimedAt.Equal(d.ClaimedAt):
+		res.Action = "resolved_by_original"
+	case held:
+		res.Action = "held"
+	case d.Owner != "" && (leaseOwner == nil || *leaseOwner != d.Owner):
+		// Someone else holds the lease now: we write nothing at all, not
+		// even an audit row in their name.
+		res.Action = "lease_lost"
+		res.Attempts = attempts
+		return res, nil
+	default:
+		res.Action = d.Action
+		res.Applied = true
+	}
+
+	if res.Applied && d.Transition != "" {
+		switch d.Transition {
+		case StatusCompleted:
+			if err := validBody("response body", d.ResponseBody); err != nil {
+				return DecideResult{}, err
+			}
+			const q = `UPDATE idempotency_keys SET status = 'completed', response_code = $3, response_body = $4, updated_at = now()
+				WHERE key = $1 AND claimed_at = $2 AND status = 'processing'
+				RETURNING ` + keyColumns
+			res.Current, err = scanKey(tx.QueryRow(ctx, q, d.Key, d.ClaimedAt, d.ResponseCode, nullJSON(d.ResponseBody)))
+		case StatusFailedRetryable:
+			const q = `UPDATE idempotency_keys SET status = 'failed_retryable', updated_at = now()
+				WHERE key = $1 AND claimed_at = $2 AND status = 'processing'
+				RETURNING ` + keyColumns
+			res.Current, err = scanKey(tx.QueryRow(ctx, q, d.Key, d.ClaimedAt))
+		default:
+			panic("ledger: unknown transition " + d.Transition)
+		}
+		if err != nil {
+			// Impossible while we hold the row lock; report, never guess.
+			return DecideResult{}, wrap("write decision", err)
+		}
+	}
+
+	if d.CountAttempt && res.Applied {
+		attempts++
+	}
+	res.Attempts = attempts
+	// Bookkeeping: release our lease, note the verdict, schedule the next
+	// probe. An operator decision releases whatever lease exists: the
+	// holder's write will find the key resolved.
+	var next any
+	if res.Applied && d.NextProbeIn > 0 {
+		next = d.NextProbeIn
+	}
+	const upd = `INSERT INTO reconcile_state AS s (key, tool, claimed_at, attempts, next_probe_at, last_verdict, last_error, last_probe_at, first_not_found_at, updated_at)
+		VALUES ($1, $2, $3, $4, now() + $5::interval, $6, $7, now(), CASE WHEN $8 THEN now() END, now())
+		ON CONFLICT (key) DO UPDATE SET
+			tool = excluded.tool, claimed_at = excluded.claimed_at, attempts = excluded.attempts,
+			next_probe_at = excluded.next_probe_at, last_verdict = excluded.last_verdict,
+			last_error = excluded.last_error, last_probe_at = excluded.last_probe_at,
+			first_not_found_at = CASE WHEN $8 THEN coalesce(s.first_not_found_at, now())
+			                          WHEN $9 THEN s.first_not_found_at END,
+			lease_owner = NULL, lease_expires_at = NULL, updated_at = now()`
+	var lastErr *string
+	if d.Error != "" {
+		lastErr = &d.Error
+	}
+	keepNotFound := !d.NotFoundSeen && d.Verdict == "unknown"
+	if _, err := tx.Exec(ctx, upd, d.Key, d.Tool, d.ClaimedAt, attempts, next, d.Verdict, lastErr, d.NotFoundSeen && res.Applied, keepNotFound); err != nil {
+		return DecideResult{}, wrap("write reconcile state", err)
+	}
+	if err := InsertAudit(ctx, tx, AuditEntry{
+		Key: d.Key, Tool: d.Tool, Attempt: attempts, Verdict: d.Verdict, Action: res.Action,
+		Evidence: d.Evidence, Error: d.Error, Actor: d.Actor,
+	}); err != nil {
+		return DecideResult{}, err
+	}
+	return res, nil
+}
+
+func getForUpdate(ctx context.Context, db DBTX, key string) (Key, error) {
+	const q = `SELECT ` + keyColumns + ` FROM idempotency_keys WHERE key = $1 FOR NO KEY UPDATE`
+	k, err := scanKey(db.QueryRow(ctx, q, key))
+	return k, wrap("read key for update", err)
+}
+
+// ReleaseLease gives a lease back without a decision (a pass cancelled
+// mid-probe, a dry run): the key is due again at once. A crash is not a
+// failed attempt, so attempts are left alone.
+func ReleaseLease(ctx context.Context, db DBTX, key, owner string) error {
+	_, err := db.Exec(ctx, `UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+		WHERE key = $1 AND lease_owner = $2`, key, owner)
+	return wrap("release lease", err)
+}
+
+// State is the reconciler's bookkeeping for one key.
+type State struct {
+	Key             string     `json:"key"`
+	ClaimedAt       time.Time  `json:"claimed_at"`
+	Attempts        int        `json:"attempts"`
+	NextProbeAt     *time.Time `json:"next_probe_at,omitempty"`
+	LeaseOwner      *string    `json:"lease_owner,omitempty"`
+	LeaseExpiresAt  *time.Time `json:"lease_expires_at,omitempty"`
+	LastVerdict     *string    `json:"last_verdict,omitempty"`
+	LastError       *string    `json:"last_error,omitempty"`
+	LastProbeAt     *time.Time `json:"last_probe_at,omitempty"`
+	FirstNotFoundAt *time.Time `json:"first_not_found_at,omitempty"`
+}
+
+// GetState reads a key's bookkeeping (ErrNotFound if never reconciled).
+func GetState(ctx context.Context, db DBTX, key string) (State, error) {
+	var s State
+	err := db.QueryRow(ctx, `SELECT key, claimed_at, attempts, next_probe_at, lease_owner, lease_expires_at,
+		last_verdict, last_error, last_probe_at, first_not_found_at FROM reconcile_state WHERE key = $1`, key).
+		Scan(&s.Key, &s.ClaimedAt, &s.Attempts, &s.NextProbeAt, &s.LeaseOwner, &s.LeaseExpiresAt,
+			&s.LastVerdict, &s.LastError, &s.LastProbeAt, &s.FirstNotFoundAt)
+	return s, wrap("get reconcile state", err)
+}
+
+// AuditEntry is one row of reconcile_audit.
+type AuditEntry struct {
+	ID        int64           `json:"id"`
+	Key       string          `json:"key"`
+	Tool      string          `json:"tool"`
+	Attempt   int             `json:"attempt"`
+	Verdict   string          `json:"verdict"`
+	Action    string          `json:"action"`
+	Evidence  json.RawMessage `json:"evidence,omitempty"`
+	Error     string          `json:"error,omitempty"`
+	Actor     string          `json:"actor"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// InsertAudit records a decision (invariant 6).
+func InsertAudit(ctx context.Context, db DBTX, e AuditEntry) error {
+	var errText *string
+	if e.Error != "" {
+		errText = &e.Error
+	}
+	_, err := db.Exec(ctx, `INSERT INTO reconcile_audit (key, tool, attempt, verdict, action, evidence, error, actor)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+		e.Key, e.Tool, e.Attempt, e.Verdict, e.Action, nullJSON(e.Evidence), errText, e.Actor)
+	return wrap("insert audit", err)
+}
+
+// History returns a key's audit trail, oldest first (at most limit rows, the
+// newest ones).
+func History(ctx context.Context, db DBTX, key string, limit int) ([]AuditEntry, error) {
+	rows, err := db.Query(ctx, `SELECT id, key, tool, attempt, verdict, action, evidence, coalesce(error, ''), actor, created_at
+		FROM (SELECT * FROM reconcile_audit WHERE key = $1 ORDER BY id DESC LIMIT $2) a ORDER BY id`, key, limit)
+	if err != nil {
+		return nil, wrap("read history", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AuditEntry, error) {
+		var e AuditEntry
+		err := r.Scan(&e.ID, &e.Key, &e.Tool, &e.Attempt, &e.Verdict, &e.Action, &e.Evidence, &e.Error, &e.Actor, &e.CreatedAt)
+		return e, err
+	})
+	return out, wrap("read history", err)
+}

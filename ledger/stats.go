@@ -1,0 +1,139 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ToolStats is one tool's line in `ledgerkeeper status`.
+type ToolStats struct {
+	Tool string `json:"tool"`
+	// InWindow: processing and still inside window + grace, or with a
+	// fresh heartbeat (in flight, hands off).
+	InWindow int `json:"processing_in_window"`
+	// Stuck: processing past window + grace without a fresh heartbeat.
+	Stuck int `json:"stuck"`
+	// OldestStuckClaimedAt is the claimed_at of the oldest stuck key.
+	OldestStuckClaimedAt *time.Time `json:"oldest_stuck_claimed_at,omitempty"`
+	// OldestStuckAge is now - OldestStuckClaimedAt, in seconds.
+	OldestStuckAgeSeconds float64 `json:"oldest_stuck_age_seconds,omitempty"`
+	FailedRetryable       int     `json:"failed_retryable"`
+	Completed             int     `json:"completed"`
+	Held                  int     `json:"held"`
+}
+
+// Windows returns, for a tool, its processing window + grace and its
+// heartbeat timeout.
+type Windows func(tool string) (window, heartbeat time.Duration)
+
+// Stats counts keys per tool and status. The per-status count scans the
+// table (an operator command, not a hot path); stuck keys are found through
+// the partial index.
+func Stats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, error) {
+	rows, err := db.Query(ctx, `SELECT tool, status, count(*) FROM idempotency_keys GROUP BY tool, status`)
+	if err != nil {
+		return nil, wrap("count keys", err)
+	}
+	byTool := map[string]*ToolStats{}
+	get := func(tool string) *ToolStats {
+		s, ok := byTool[tool]
+		if !ok {
+			s = &ToolStats{Tool: tool}
+			byTool[tool] = s
+		}
+		return s
+	}
+	processing := map[string]int{}
+	var tool, status string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&tool, &status, &n}, func() error {
+		s := get(tool)
+		switch status {
+		case StatusProcessing:
+			processing[tool] = n
+		case StatusCompleted:
+			s.Completed = n
+		case StatusFailedRetryable:
+			s.FailedRetryable = n
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, wrap("count keys", err)
+	}
+	for tool, total := range processing {
+		w, hb := windows(tool)
+		s := get(tool)
+		var oldest *time.Time
+		var age *float64
+		err := db.QueryRow(ctx, `SELECT count(*), min(claimed_at), extract(epoch FROM now() - min(claimed_at))::float8
+			FROM idempotency_keys
+			WHERE status = 'processing' AND tool = $1 AND claimed_at <= now() - $2::interval
+			  AND (heartbeat_at IS NULL OR heartbeat_at <= now() - $3::interval)`, tool, w, hb).Scan(&s.Stuck, &oldest, &age)
+		if err != nil {
+			return nil, wrap("count stuck keys", err)
+		}
+		s.InWindow = total - s.Stuck
+		s.OldestStuckClaimedAt = oldest
+		if age != nil {
+			s.OldestStuckAgeSeconds = *age
+		}
+	}
+	rows, err = db.Query(ctx, `SELECT k.tool, count(*) FROM key_holds h JOIN idempotency_keys k USING (key) GROUP BY k.tool`)
+	if err != nil {
+		return nil, wrap("count holds", err)
+	}
+	_, err = pgx.ForEachRow(rows, []any{&tool, &n}, func() error {
+		get(tool).Held = n
+		return nil
+	})
+	if err != nil {
+		return nil, wrap("count holds", err)
+	}
+	out := make([]ToolStats, 0, len(byTool))
+	for _, s := range byTool {
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Tool < out[j].Tool })
+	return out, nil
+}
+
+// Run is a record of one pass (reconcile, purge, alerts).
+type Run struct {
+	Kind       string          `json:"kind"`
+	Actor      string          `json:"actor"`
+	StartedAt  time.Time       `json:"started_at"`
+	FinishedAt time.Time       `json:"finished_at"`
+	Stats      json.RawMessage `json:"stats"`
+	Error      string          `json:"error,omitempty"`
+}
+
+// RecordRun stores a pass's summary.
+func RecordRun(ctx context.Context, db DBTX, r Run) error {
+	var errText *string
+	if r.Error != "" {
+		errText = &r.Error
+	}
+	stats := r.Stats
+	if stats == nil {
+		stats = json.RawMessage(`{}`)
+	}
+	_, err := db.Exec(ctx, `INSERT INTO ledgerkeeper_runs (kind, actor, started_at, stats, error) VALUES ($1, $2, $3, $4, $5)`,
+		r.Kind, r.Actor, r.StartedAt, string(stats), errText)
+	return wrap("record run", err)
+}
+
+// LastRuns returns the newest run of each kind.
+func LastRuns(ctx context.Context, db DBTX) ([]Run, error) {
+	rows, err := db.Query(ctx, `SELECT DISTINCT ON (kind) kind, actor, started_at, finished_at, stats, coalesce(error, '')
+		FROM ledgerkeeper_runs ORDER BY kind, id DESC`)
+	if err != nil {
+		return nil, wrap("read last runs", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Run])
+	return out, wrap("read last runs", err)
+}

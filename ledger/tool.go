@@ -1,0 +1,191 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Outcome is what Claim found.
+type Outcome int
+
+const (
+	// New: this caller owns the key (first claim, or a re-claim of a
+	// failed_retryable key): do the work, then Complete.
+	New Outcome = iota + 1
+	// Replay: the key is completed; answer with the stored response.
+	Replay
+	// InFlight: another attempt is processing the key; answer 409.
+	InFlight
+	// FingerprintMismatch: the key was used with other arguments; answer 422.
+	FingerprintMismatch
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case New:
+		return "new"
+	case Replay:
+		return "replay"
+	case InFlight:
+		return "in_flight"
+	case FingerprintMismatch:
+		return "fingerprint_mismatch"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// DefaultTTL is how long a key is kept when ClaimParams.TTL is zero: a day
+// covers a human restarting a crashed orchestrator the next morning.
+const DefaultTTL = 24 * time.Hour
+
+// ClaimParams describe one attempt at a tool call.
+type ClaimParams struct {
+	Key         string
+	Tool        string
+	RequestHash string          // hex SHA-256 of the canonical request (Fingerprint)
+	RequestBody json.RawMessage // the approved arguments, for probes; may be nil
+	// TTL sets expires_at = now() + TTL. Default DefaultTTL.
+	TTL time.Duration
+}
+
+// ClaimResult is Claim's answer. Row is the key as it stands after the
+// claim: for New, ClaimedAt identifies this attempt in Complete/Heartbeat.
+type ClaimResult struct {
+	Outcome Outcome
+	Row     Key
+}
+
+// Claim claims a key atomically. Exactly one of any number of concurrent
+// callers with the same key gets New; the others get InFlight, Replay or
+// FingerprintMismatch according to the row they find.
+func Claim(ctx context.Context, db DBTX, p ClaimParams) (ClaimResult, error) {
+	if err := validKey(p.Key, p.Tool); err != nil {
+		return ClaimResult{}, err
+	}
+	if len(p.RequestHash) == 0 || len(p.RequestHash) > 64 {
+		return ClaimResult{}, fmt.Errorf("%w: request hash must be 1 to 64 characters", ErrInvalid)
+	}
+	if err := validBody("request body", p.RequestBody); err != nil {
+		return ClaimResult{}, err
+	}
+	ttl := p.TTL
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	const insert = `INSERT INTO idempotency_keys (key, tool, request_hash, request_body, expires_at)
+		VALUES ($1, $2, $3, $4, now() + $5::interval)
+		ON CONFLICT (key) DO NOTHING
+		RETURNING ` + keyColumns
+	// A retry of an attempt known not to have happened re-claims the key.
+	// The WHERE is re-evaluated on the latest row version, so of two
+	// concurrent retries only one wins.
+	const reclaim = `UPDATE idempotency_keys
+		SET status = 'processing', claimed_at = now(), updated_at = now(), heartbeat_at = NULL,
+		    response_code = NULL, response_body = NULL,
+		    expires_at = greatest(expires_at, now() + $3::interval)
+		WHERE key = $1 AND status = 'failed_retryable' AND request_hash = $2
+		RETURNING ` + keyColumns
+	// Each statement takes a fresh snapshot (READ COMMITTED), so the read
+	// after a conflict sees the row that won. A row purged in between makes
+	// us go round again.
+	for range 5 {
+		row, err := scanKey(db.QueryRow(ctx, insert, p.Key, p.Tool, p.RequestHash, nullJSON(p.RequestBody), ttl))
+		if err == nil {
+			return ClaimResult{Outcome: New, Row: row}, nil
+		}
+		if !errors.Is(wrap("", err), ErrNotFound) {
+			return ClaimResult{}, wrap("claim key", err)
+		}
+		row, err = scanKey(db.QueryRow(ctx, reclaim, p.Key, p.RequestHash, ttl))
+		if err == nil {
+			return ClaimResult{Outcome: New, Row: row}, nil
+		}
+		if !errors.Is(wrap("", err), ErrNotFound) {
+			return ClaimResult{}, wrap("re-claim key", err)
+		}
+		existing, err := Get(ctx, db, p.Key)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return ClaimResult{}, err
+		}
+		switch {
+		case existing.RequestHash != p.RequestHash:
+			return ClaimResult{Outcome: FingerprintMismatch, Row: existing}, nil
+		case existing.Status == StatusCompleted:
+			return ClaimResult{Outcome: Replay, Row: existing}, nil
+		case existing.Status == StatusProcessing:
+			return ClaimResult{Outcome: InFlight, Row: existing}, nil
+		}
+		// failed_retryable with our hash, yet the re-claim lost: another
+		// retry re-claimed it between our statements. Look again.
+	}
+	return ClaimResult{}, fmt.Errorf("claim key: the row kept changing under us")
+}
+
+func nullJSON(b json.RawMessage) any {
+	if b == nil {
+		return nil
+	}
+	return string(b)
+}
+
+// Complete stores the definitive outcome of the attempt that claimed the key
+// at claimedAt. It returns ErrConflict when that attempt no longer owns the
+// key: the reconciler resolved it, or a retry re-claimed it.
+//
+// A key the reconciler marked failed_retryable while this attempt was still
+// running (same claimed_at, not re-claimed since) is completed all the same:
+// the effect happened, and storing it prevents the retry that would redo it.
+func Complete(ctx context.Context, db DBTX, key string, claimedAt time.Time, code int, body json.RawMessage) error {
+	if err := validBody("response body", body); err != nil {
+		return err
+	}
+	const q = `UPDATE idempotency_keys
+		SET status = 'completed', response_code = $3, response_body = $4, updated_at = now()
+		WHERE key = $1 AND claimed_at = $2 AND status IN ('processing', 'failed_retryable')`
+	tag, err := db.Exec(ctx, q, key, claimedAt, code, nullJSON(body))
+	if err != nil {
+		return wrap("complete key", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("complete key %q: %w", key, ErrConflict)
+	}
+	return nil
+}
+
+// Heartbeat tells the reconciler that the attempt that claimed the key at
+// claimedAt is still working: the key is left alone while heartbeat_at +
+// heartbeat_timeout is in the future, whatever its processing window.
+func Heartbeat(ctx context.Context, db DBTX, key string, claimedAt time.Time) error {
+	const q = `UPDATE idempotency_keys SET heartbeat_at = now()
+		WHERE key = $1 AND claimed_at = $2 AND status = 'processing'`
+	tag, err := db.Exec(ctx, q, key, claimedAt)
+	if err != nil {
+		return wrap("heartbeat key", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("heartbeat key %q: %w", key, ErrConflict)
+	}
+	return nil
+}
+
+// Abandon marks the attempt's key failed_retryable. Call it only when the
+// handler knows the effect did not happen (it failed before touching the
+// downstream); when in doubt, leave the key processing for the reconciler.
+func Abandon(ctx context.Context, db DBTX, key string, claimedAt time.Time) error {
+	const q = `UPDATE idempotency_keys SET status = 'failed_retryable', updated_at = now()
+		WHERE key = $1 AND claimed_at = $2 AND status = 'processing'`
+	tag, err := db.Exec(ctx, q, key, claimedAt)
+	if err != nil {
+		return wrap("abandon key", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("abandon key %q: %w", key, ErrConflict)
+	}
+	return nil
+}

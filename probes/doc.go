@@ -1,0 +1,59 @@
+// Package probes answers one question for one idempotency key stuck in
+// processing: does its side effect exist downstream?
+//
+// The reconcile engine acts on the answer, so the answer must be worth
+// acting on. Each probe returns a Result whose Verdict is one of:
+//
+//	found      the effect exists; Outcome holds the response to store
+//	           → the engine completes the key with that outcome
+//	not_found  trustworthy evidence that the effect does not exist
+//	           → the engine may mark the key failed_retryable (it runs again)
+//	duplicate  more than one matching effect: idempotency was already
+//	           violated downstream → the key stays processing, alert now
+//	unknown    anything else: transport error, timeout, unexpected status,
+//	           garbage → the key stays processing, retried with back-off
+//
+// # Trust rules
+//
+// Both definitive verdicts cause a write, and both can be wrong in a way that
+// nobody notices later:
+//
+//   - a wrong not_found lets the agent retry an effect that already
+//     happened: a second ticket, a second charge;
+//   - a wrong found stores an outcome that never happened (a forged one)
+//     or the wrong one, and every retry replays it forever.
+//
+// Unknown, by contrast, only costs time: the key stays processing, retries
+// keep getting 409, and an operator is alerted once it has been unknown for
+// too long. So every probe here turns anything it did not expect into
+// Unknown, with an error that says why: a 3xx, 401, 429 or 5xx; a body that
+// is not JSON or is larger than the limit; a match that is a scalar or an
+// array of non-objects; a request placeholder that is missing, null, empty
+// or not a scalar (probing with an empty value could match everything); a
+// response_body field that is missing from the matched object (a partial
+// outcome would be replayed forever); a SQL query that is not a read-only
+// SELECT. Only two things count as evidence of absence: an HTTP 404, and a
+// 2xx JSON document whose match is absent, null, [] or {} — or zero rows
+// from a read-only SQL query.
+//
+// Guard wraps any probe (built-in or written in Go) so that the same rules
+// hold for code this package does not control: it gives the probe a
+// deadline, turns a panic into Unknown, and turns any result that is not
+// well formed (an unknown verdict string, a found without a valid outcome,
+// a not_found that carries an error or an outcome, evidence that is not
+// JSON) into Unknown. A probe returning garbage can never produce a write.
+//
+// # Secrets
+//
+// HTTP header values and the SQL database URL may carry secrets. They never
+// appear in a Result's Err or Evidence: errors name the method, the path and
+// query rendered from the URL template, the status and a short sanitised
+// snippet of the body (with header values redacted); SQL errors are scrubbed
+// of the password. Put secrets in headers, never in the URL template.
+//
+// # Probes written in Go
+//
+// A type implementing Probe (or a function wrapped in ProbeFunc) is
+// registered under a tool name in a Registry that the daemon wiring owns;
+// there is no global registry and no init() registration.
+package probes
