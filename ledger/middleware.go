@@ -1,0 +1,271 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Middleware defaults.
+const (
+	DefaultMaxRequestBytes = 1 << 20
+	DefaultRetryAfter      = 2 * time.Second
+	completeTimeout        = 10 * time.Second
+)
+
+// HeaderIdempotencyKey and HeaderReplayed are the contract's headers.
+const (
+	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderReplayed       = "Idempotency-Replayed"
+)
+
+// MiddlewareConfig configures Middleware.
+type MiddlewareConfig struct {
+	// DB is the ledger's pool. Required.
+	DB DBTX
+	// Tool is the tool name stored with every key. Required.
+	Tool string
+	// TTL sets expires_at = claim time + TTL. Default DefaultTTL.
+	TTL time.Duration
+	// RetryAfter is the Retry-After sent with 409. Default 2s.
+	RetryAfter time.Duration
+	// MaxRequestBytes bounds the request body. Default 1 MiB.
+	MaxRequestBytes int64
+	// HeartbeatInterval, when > 0, heartbeats the key while the handler
+	// runs, so a slow but live attempt is never judged stuck. Keep it well
+	// under the tool's heartbeat_timeout.
+	HeartbeatInterval time.Duration
+	// Logger receives errors the client cannot see. Default: discard.
+	Logger *slog.Logger
+}
+
+// Envelope is the body every tool response carries: the tool's own response
+// in OriginalResponse, and whether this answer is a replay.
+type Envelope struct {
+	OK               bool            `json:"ok"`
+	IdempotentReplay bool            `json:"idempotent_replay"`
+	OriginalResponse json.RawMessage `json:"original_response"`
+}
+
+type errorBody struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error"`
+}
+
+// Attempt identifies the claim a handler runs under.
+type Attempt struct {
+	Key       string
+	Tool      string
+	ClaimedAt time.Time
+	db        DBTX
+}
+
+// Heartbeat says the attempt is still working (see the package Heartbeat).
+func (a Attempt) Heartbeat(ctx context.Context) error {
+	return Heartbeat(ctx, a.db, a.Key, a.ClaimedAt)
+}
+
+// Abandon marks the attempt failed_retryable (see the package Abandon):
+// only when the handler knows the effect did not happen.
+func (a Attempt) Abandon(ctx context.Context) error {
+	return Abandon(ctx, a.db, a.Key, a.ClaimedAt)
+}
+
+type attemptKey struct{}
+
+// AttemptFromContext returns the attempt the middleware claimed for this
+// request.
+func AttemptFromContext(ctx context.Context) (Attempt, bool) {
+	a, ok := ctx.Value(attemptKey{}).(Attempt)
+	return a, ok
+}
+
+// Middleware implements the tool side of the idempotency contract around a
+// tool handler:
+//
+//   - no Idempotency-Key → 400; a key over 128 bytes → 400; a body that is
+//     not JSON → 400;
+//   - the key used with other arguments → 422;
+//   - the key in flight → 409 with Retry-After;
+//   - the key completed → the stored status and body in an Envelope with
+//     idempotent_replay true and Idempotency-Replayed: true;
+//   - otherwise the handler runs once; a definitive answer (below 500) is
+//     stored in the same row and returned in an Envelope with
+//     idempotent_replay false. A 5xx, a panic or a crash stores nothing:
+//     the key stays processing for the reconciler, never a cached 500.
+//
+// The handler writes its own JSON response (status and body) as usual.
+func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
+	if cfg.DB == nil || cfg.Tool == "" {
+		panic("ledger: Middleware needs DB and Tool")
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if cfg.MaxRequestBytes <= 0 {
+		cfg.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(HeaderIdempotencyKey)
+		switch {
+		case key == "":
+			writeJSON(w, http.StatusBadRequest, errorBody{Error: "missing Idempotency-Key header"})
+			return
+		case len(key) > MaxKeyLength:
+			writeJSON(w, http.StatusBadRequest, errorBody{Error: "Idempotency-Key longer than 128 bytes"})
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, cfg.MaxRequestBytes))
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: "request body too large"})
+				return
+			}
+			writeJSON(w, http.StatusBadRequest, errorBody{Error: "cannot read request body"})
+			return
+		}
+		canon, err := Canonical(body)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, errorBody{Error: "request body must be one JSON value"})
+			return
+		}
+		hash, _ := Fingerprint(canon)
+		res, err := Claim(r.Context(), cfg.DB, ClaimParams{
+			Key: key, Tool: cfg.Tool, RequestHash: hash, RequestBody: canon, TTL: cfg.TTL,
+		})
+		if err != nil {
+			cfg.Logger.Error("claim idempotency key", "tool", cfg.Tool, "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "idempotency ledger unavailable"})
+			return
+		}
+		switch res.Outcome {
+		case FingerprintMismatch:
+			writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: "Idempotency-Key was already used with different arguments"})
+			return
+		case InFlight:
+			w.Header().Set("Retry-After", strconv.Itoa(int((cfg.RetryAfter+time.Second-1)/time.Second)))
+			writeJSON(w, http.StatusConflict, errorBody{Error: "a request with this Idempotency-Key is still being processed"})
+			return
+		case Replay:
+			code := http.StatusOK
+			if res.Row.ResponseCode != nil {
+				code = *res.Row.ResponseCode
+			}
+			w.Header().Set(HeaderReplayed, "true")
+			writeJSON(w, code, Envelope{OK: code < 400, IdempotentReplay: true, OriginalResponse: orNull(res.Row.ResponseBody)})
+			return
+		}
+
+		attempt := Attempt{Key: key, Tool: cfg.Tool, ClaimedAt: res.Row.ClaimedAt, db: cfg.DB}
+		r = r.WithContext(context.WithValue(r.Context(), attemptKey{}, attempt))
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		stopBeat := startHeartbeat(r.Context(), cfg, attempt)
+		rec := &recorder{header: http.Header{}, code: http.StatusOK}
+		func() {
+			// A panic propagates (net/http aborts the connection) with the
+			// key left processing: the effect may have happened.
+			defer stopBeat()
+			next.ServeHTTP(rec, r)
+		}()
+
+		out := rec.body.Bytes()
+		if !json.Valid(out) {
+			// Keep the outcome replayable: a non-JSON body is stored as a
+			// JSON string.
+			out, _ = json.Marshal(string(out))
+		}
+		if rec.code < 500 {
+			// The client may be gone; the outcome must still be stored.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), completeTimeout)
+			err := Complete(ctx, cfg.DB, key, attempt.ClaimedAt, rec.code, out)
+			cancel()
+			if err != nil {
+				// The effect happened but its record did not: the key stays
+				// processing and the reconciler's probe will find it.
+				cfg.Logger.Error("store tool outcome", "tool", cfg.Tool, "code", rec.code, "err", err)
+			}
+		}
+		for k, v := range rec.header {
+			if k != "Content-Length" {
+				w.Header()[k] = v
+			}
+		}
+		writeJSON(w, rec.code, Envelope{OK: rec.code < 400, IdempotentReplay: false, OriginalResponse: out})
+	})
+}
+
+func startHeartbeat(ctx context.Context, cfg MiddlewareConfig, a Attempt) func() {
+	if cfg.HeartbeatInterval <= 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := a.Heartbeat(ctx); err != nil && ctx.Err() == nil {
+					cfg.Logger.Warn("heartbeat", "tool", a.Tool, "err", err)
+				}
+			}
+		}
+	}()
+	return func() { cancel(); wg.Wait() }
+}
+
+func orNull(b json.RawMessage) json.RawMessage {
+	if len(b) == 0 {
+		return json.RawMessage("null")
+	}
+	return b
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code, b = http.StatusInternalServerError, []byte(`{"ok":false,"error":"encode response"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// recorder captures the handler's response so it can be stored before it
+// is sent.
+type recorder struct {
+	header      http.Header
+	code        int
+	wroteHeader bool
+	body        bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wroteHeader {
+		r.code, r.wroteHeader = code, true
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.wroteHeader = true
+	return r.body.Write(b)
+}
