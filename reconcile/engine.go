@@ -1,0 +1,777 @@
+package reconcile
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/probes"
+)
+
+// Defaults for Config's zero values.
+const (
+	DefaultGrace              = 10 * time.Second
+	DefaultBatchSize          = 100
+	DefaultConcurrency        = 16
+	DefaultLease              = 2 * time.Minute
+	DefaultAlertAfterAttempts = 3
+	DefaultAlertAfterAge      = time.Hour
+	DefaultBackoffBase        = 30 * time.Second
+	DefaultBackoffMax         = 30 * time.Minute
+	DefaultBreakerFailures    = 5
+	DefaultBreakerCooldown    = time.Minute
+	DefaultBreakerMaxCooldown = 30 * time.Minute
+	DefaultRenotifyAfter      = 4 * time.Hour
+	DefaultProcessingWindow   = 30 * time.Second
+	// writeTimeout bounds one decision's transaction.
+	writeTimeout = 10 * time.Second
+)
+
+// Policy is one tool's reconcile policy.
+type Policy struct {
+	// ProcessingWindow: keys claimed less than window + grace ago are in
+	// flight. Default 30s.
+	ProcessingWindow time.Duration
+	// HeartbeatTimeout: keys with a heartbeat younger than this are in
+	// flight. Default ProcessingWindow.
+	HeartbeatTimeout time.Duration
+	// DownstreamDedupWindow: past it (measured from claimed_at), not_found
+	// escalates instead of marking the key failed_retryable. 0 = none.
+	DownstreamDedupWindow time.Duration
+	// Concurrency bounds this tool's probes in flight. Default: the
+	// engine's Concurrency.
+	Concurrency int
+	// Probe answers for this tool's keys; nil = no probe (alerted, never
+	// guessed).
+	Probe probes.Probe
+}
+
+// Config configures an Engine. Zero values take the defaults above.
+type Config struct {
+	// Actor names this replica in audit rows and lease owners (e.g.
+	// hostname:pid, or "operator:alice" for a manual run). Required.
+	Actor string
+	// Tools maps tool names to policies; a tool absent from it gets
+	// Default.
+	Tools map[string]Policy
+	// Default is the policy of tools absent from Tools (its Probe is
+	// ignored: such keys have no probe).
+	Default Policy
+	// Grace is added to each processing window. Default 10s.
+	Grace time.Duration
+	// BatchSize is the number of keys leased per query. Default 100.
+	BatchSize int
+	// Concurrency bounds probes in flight across all tools. Default 16.
+	Concurrency int
+	// Lease is how long a key is reserved for one probe. Default 2m. It
+	// must exceed the slowest probe's timeout.
+	Lease time.Duration
+	// AlertAfterAttempts and AlertAfterAge raise probe_failing / no_probe
+	// alerts. Defaults 3 and 1h.
+	AlertAfterAttempts int
+	AlertAfterAge      time.Duration
+	// ConfirmNotFoundAfter > 0 requires a second not_found that much later.
+	ConfirmNotFoundAfter time.Duration
+	// BackoffBase and BackoffMax shape the next probe time after an
+	// inconclusive attempt: base * 2^(attempts-1), capped, ±10% jitter.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// BreakerFailures, BreakerCooldown, BreakerMaxCooldown: see the package
+	// documentation.
+	BreakerFailures    int
+	BreakerCooldown    time.Duration
+	BreakerMaxCooldown time.Duration
+	// RenotifyAfter: see alerts.Raise. Default 4h.
+	RenotifyAfter time.Duration
+}
+
+func (c *Config) applyDefaults() {
+	c.Grace = cmp.Or(c.Grace, DefaultGrace)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.AlertAfterAttempts = cmp.Or(c.AlertAfterAttempts, DefaultAlertAfterAttempts)
+	c.AlertAfterAge = cmp.Or(c.AlertAfterAge, DefaultAlertAfterAge)
+	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
+	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
+	c.BreakerFailures = cmp.Or(c.BreakerFailures, DefaultBreakerFailures)
+	c.BreakerCooldown = cmp.Or(c.BreakerCooldown, DefaultBreakerCooldown)
+	c.BreakerMaxCooldown = cmp.Or(c.BreakerMaxCooldown, DefaultBreakerMaxCooldown)
+	c.RenotifyAfter = cmp.Or(c.RenotifyAfter, DefaultRenotifyAfter)
+	c.Default.ProcessingWindow = cmp.Or(c.Default.ProcessingWindow, DefaultProcessingWindow)
+	c.Default.Probe = nil
+	fill := func(p Policy) Policy {
+		p.ProcessingWindow = cmp.Or(p.ProcessingWindow, c.Default.ProcessingWindow)
+		p.HeartbeatTimeout = cmp.Or(p.HeartbeatTimeout, p.ProcessingWindow)
+		p.Concurrency = min(cmp.Or(p.Concurrency, c.Concurrency), c.Concurrency)
+		return p
+	}
+	c.Default = fill(c.Default)
+	tools := make(map[string]Policy, len(c.Tools))
+	for name, p := range c.Tools {
+		tools[name] = fill(p)
+	}
+	c.Tools = tools
+}
+
+// Engine runs reconcile passes. It is safe for concurrent use; passes may
+// also run concurrently in other processes.
+type Engine struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	logger  *slog.Logger
+	metrics *Metrics
+}
+
+// New returns an engine. metrics may be nil.
+func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, metrics *Metrics) *Engine {
+	if cfg.Actor == "" || pool == nil {
+		panic("reconcile: New needs an Actor and a pool")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.applyDefaults()
+	return &Engine{cfg: cfg, pool: pool, logger: logger, metrics: metrics}
+}
+
+// Policy returns the effective policy of a tool.
+func (e *Engine) Policy(tool string) Policy {
+	if p, ok := e.cfg.Tools[tool]; ok {
+		return p
+	}
+	return e.cfg.Default
+}
+
+// Windows returns a tool's window + grace and heartbeat timeout (for
+// ledger.Stats).
+func (e *Engine) Windows(tool string) (time.Duration, time.Duration) {
+	p := e.Policy(tool)
+	return p.ProcessingWindow + e.cfg.Grace, p.HeartbeatTimeout
+}
+
+// Options narrow one pass.
+type Options struct {
+	// Tools restricts the pass to these tools.
+	Tools []string
+	// Keys restricts the pass to these keys and ignores their back-off
+	// (never their processing window).
+	Keys []string
+	// DryRun probes and reports; it writes nothing and leases nothing.
+	DryRun bool
+	// Limit bounds the keys probed in this pass (0 = no bound).
+	Limit int
+}
+
+// KeyResult is one key's line in a pass report.
+type KeyResult struct {
+	Key       string          `json:"key"`
+	Tool      string          `json:"tool"`
+	Verdict   string          `json:"verdict,omitempty"`
+	Action    string          `json:"action"`
+	Attempts  int             `json:"attempts"`
+	Error     string          `json:"error,omitempty"`
+	Evidence  json.RawMessage `json:"evidence,omitempty"`
+	Alerts    []string        `json:"alerts,omitempty"`
+	AgeSecond float64         `json:"age_seconds"`
+}
+
+// ToolReport summarises one tool in a pass.
+type ToolReport struct {
+	Tool        string     `json:"tool"`
+	Probed      int        `json:"probed"`
+	BreakerOpen bool       `json:"breaker_open,omitempty"`
+	OpenUntil   *time.Time `json:"breaker_open_until,omitempty"`
+	Note        string     `json:"note,omitempty"`
+}
+
+// Report is the outcome of one pass.
+type Report struct {
+	Actor     string         `json:"actor"`
+	DryRun    bool           `json:"dry_run"`
+	StartedAt time.Time      `json:"started_at"`
+	Duration  time.Duration  `json:"duration_ns"`
+	Actions   map[string]int `json:"actions"`
+	Tools     []ToolReport   `json:"tools"`
+	Keys      []KeyResult    `json:"keys"`
+	// Skipped lists --key arguments that were not reconciled, and why.
+	Skipped []KeyResult `json:"skipped,omitempty"`
+	// AlertsRaised counts alerts written to the outbox.
+	AlertsRaised int `json:"alerts_raised"`
+	// ResolvedAlerts counts alerts resolved because their key settled.
+	ResolvedAlerts int `json:"resolved_alerts"`
+}
+
+// Action names recorded in the audit trail and reports.
+const (
+	ActionCompleted            = "completed"
+	ActionMarkedRetryable      = "marked_retryable"
+	ActionAwaitingConfirmation = "awaiting_confirmation"
+	ActionEscalatedDedup       = "escalated_dedup_window"
+	ActionDuplicate            = "duplicate_alerted"
+	ActionBackoff              = "backoff"
+	ActionNoProbe              = "no_probe"
+	ActionResolvedByOriginal   = "resolved_by_original"
+	ActionHeld                 = "held"
+	ActionLeaseLost            = "lease_lost"
+	ActionReleased             = "released_unprobed"
+	// Dry-run actions say what would happen.
+	ActionWouldComplete = "would_complete"
+	ActionWouldRetry    = "would_mark_retryable"
+)
+
+// pass is the state of one running pass.
+type pass struct {
+	e      *Engine
+	opts   Options
+	owner  string
+	sem    chan struct{}
+	budget *budget
+
+	mu     sync.Mutex
+	report Report
+}
+
+// budget counts down Options.Limit across tools.
+type budget struct {
+	mu   sync.Mutex
+	left int // < 0: unbounded
+}
+
+func (b *budget) take(n int) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.left < 0 {
+		return n
+	}
+	n = min(n, b.left)
+	b.left -= n
+	return n
+}
+
+func (b *budget) giveBack(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.left >= 0 {
+		b.left += n
+	}
+}
+
+// Run runs one pass: every due key of every (selected) tool, batch after
+// batch, until none is left, the limit is reached or ctx is done.
+func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
+	start := time.Now()
+	p := &pass{
+		e:      e,
+		opts:   opts,
+		owner:  e.cfg.Actor + "/" + nonce(),
+		sem:    make(chan struct{}, e.cfg.Concurrency),
+		budget: &budget{left: -1},
+		report: Report{Actor: e.cfg.Actor, DryRun: opts.DryRun, StartedAt: start, Actions: map[string]int{}},
+	}
+	if opts.Limit > 0 {
+		p.budget.left = opts.Limit
+	}
+	tools, err := p.tools(ctx)
+	if err != nil {
+		return p.report, err
+	}
+	if !opts.DryRun {
+		n, err := e.sweepAlerts(ctx)
+		if err != nil {
+			e.logger.Warn("resolve alerts of settled keys", "err", err)
+		}
+		p.report.ResolvedAlerts = n
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(tools))
+	for i, tool := range tools {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = p.runTool(ctx, tool)
+		}()
+	}
+	wg.Wait()
+	p.report.Duration = time.Since(start)
+	sort.Slice(p.report.Keys, func(i, j int) bool {
+		a, b := p.report.Keys[i], p.report.Keys[j]
+		return a.Tool < b.Tool || (a.Tool == b.Tool && a.Key < b.Key)
+	})
+	sort.Slice(p.report.Tools, func(i, j int) bool { return p.report.Tools[i].Tool < p.report.Tools[j].Tool })
+	err = errors.Join(errs...)
+	if ctx.Err() != nil {
+		err = errors.Join(err, ctx.Err())
+	}
+	if e.metrics != nil {
+		e.metrics.observePass(p.report, err)
+	}
+	if !opts.DryRun {
+		stats, _ := json.Marshal(map[string]any{"actions": p.report.Actions, "keys": len(p.report.Keys), "alerts_raised": p.report.AlertsRaised})
+		rec := ledger.Run{Kind: "reconcile", Actor: e.cfg.Actor, StartedAt: start, Stats: stats}
+		if err != nil {
+			rec.Error = err.Error()
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+		if rerr := ledger.RecordRun(rctx, e.pool, rec); rerr != nil {
+			e.logger.Warn("record reconcile run", "err", rerr)
+		}
+		cancel()
+	}
+	return p.report, err
+}
+
+// tools decides which tools this pass visits. With Keys, it also reports
+// the keys that cannot be reconciled now, and why.
+func (p *pass) tools(ctx context.Context) ([]string, error) {
+	if len(p.opts.Keys) > 0 {
+		set := map[string]bool{}
+		for _, k := range p.opts.Keys {
+			row, err := ledger.Get(ctx, p.e.pool, k)
+			if errors.Is(err, ledger.ErrNotFound) {
+				p.report.Skipped = append(p.report.Skipped, KeyResult{Key: k, Action: "not_found_in_ledger"})
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			if len(p.opts.Tools) > 0 && !slices.Contains(p.opts.Tools, row.Tool) {
+				p.report.Skipped = append(p.report.Skipped, KeyResult{Key: k, Tool: row.Tool, Action: "other_tool"})
+				continue
+			}
+			set[row.Tool] = true
+		}
+		return sortedKeys(set), nil
+	}
+	if len(p.opts.Tools) > 0 {
+		return slices.Sorted(slices.Values(p.opts.Tools)), nil
+	}
+	return ledger.ProcessingTools(ctx, p.e.pool, 0)
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// toolRun is one tool's share of a pass.
+type toolRun struct {
+	p      *pass
+	tool   string
+	policy Policy
+	sem    chan struct{}
+
+	mu          sync.Mutex
+	consecutive int  // consecutive unknown verdicts
+	halfOpen    bool // the breaker opened before and has not closed
+	open        bool
+	probed      int
+	note        string
+	openUntil   *time.Time
+}
+
+func (p *pass) runTool(ctx context.Context, tool string) error {
+	policy := p.e.Policy(tool)
+	t := &toolRun{p: p, tool: tool, policy: policy, sem: make(chan struct{}, policy.Concurrency)}
+	defer func() {
+		p.mu.Lock()
+		p.report.Tools = append(p.report.Tools, ToolReport{Tool: tool, Probed: t.probed, BreakerOpen: t.open, OpenUntil: t.openUntil, Note: t.note})
+		p.mu.Unlock()
+	}()
+	if policy.Probe != nil {
+		br, err := loadBreaker(ctx, p.e.pool, tool)
+		if err != nil {
+			return err
+		}
+		if br.OpenUntil != nil && br.OpenUntil.After(br.Now) {
+			t.open, t.openUntil = true, br.OpenUntil
+			t.note = fmt.Sprintf("circuit breaker open until %s: probing paused", br.OpenUntil.UTC().Format(time.RFC3339))
+			return nil
+		}
+		t.halfOpen = br.Opens > 0
+	}
+
+	lp := ledger.LeaseParams{
+		Tool:             tool,
+		Window:           policy.ProcessingWindow + p.e.cfg.Grace,
+		HeartbeatTimeout: policy.HeartbeatTimeout,
+		Owner:            p.owner,
+		Lease:            p.e.cfg.Lease,
+		Keys:             p.opts.Keys,
+		IgnoreBackoff:    len(p.opts.Keys) > 0,
+	}
+	// Leased keys flow to the workers through a buffer of one batch, so
+	// the next batch is leased while this one is probed, and at most a
+	// batch plus the workers' keys wait under lease.
+	queue := make(chan ledger.Leased, p.e.cfg.BatchSize)
+	var wg sync.WaitGroup
+	for range policy.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for l := range queue {
+				t.handle(ctx, l)
+			}
+		}()
+	}
+	var leaseErr error
+	seen := map[string]bool{} // a dry run peeks without leasing: never twice
+	for ctx.Err() == nil && !t.isOpen() {
+		want := p.budget.take(p.e.cfg.BatchSize)
+		if want == 0 {
+			break
+		}
+		lp.Limit = want
+		var batch []ledger.Leased
+		if p.opts.DryRun {
+			lp.Limit = want + len(seen)
+			all, err := ledger.PeekDue(ctx, p.e.pool, lp)
+			leaseErr = err
+			for _, l := range all {
+				if !seen[l.Key.Key] && len(batch) < want {
+					seen[l.Key.Key] = true
+					batch = append(batch, l)
+				}
+			}
+		} else {
+			batch, leaseErr = ledger.LeaseDue(ctx, p.e.pool, lp)
+		}
+		if leaseErr != nil || len(batch) == 0 {
+			p.budget.giveBack(want)
+			break
+		}
+		p.budget.giveBack(want - len(batch))
+		for _, l := range batch {
+			queue <- l
+		}
+	}
+	close(queue)
+	wg.Wait()
+	if leaseErr != nil && ctx.Err() == nil {
+		return leaseErr
+	}
+	return nil
+}
+
+func (t *toolRun) isOpen() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.open
+}
+
+// handle probes one leased key and records the decision.
+func (t *toolRun) handle(ctx context.Context, l ledger.Leased) {
+	p := t.p
+	release := func(action string) {
+		if p.opts.DryRun {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+		defer cancel()
+		if err := ledger.ReleaseLease(rctx, p.e.pool, l.Key.Key, p.owner); err != nil {
+			p.e.logger.Warn("release lease", "key", l.Key.Key, "err", err)
+		}
+		_ = action
+	}
+	if ctx.Err() != nil || t.isOpen() {
+		release(ActionReleased)
+		return
+	}
+	// Global, then per-tool concurrency.
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		release(ActionReleased)
+		return
+	}
+	defer func() { <-p.sem }()
+	select {
+	case t.sem <- struct{}{}:
+	case <-ctx.Done():
+		release(ActionReleased)
+		return
+	}
+	defer func() { <-t.sem }()
+	if t.isOpen() {
+		release(ActionReleased)
+		return
+	}
+
+	var res probes.Result
+	started := time.Now()
+	if t.policy.Probe == nil {
+		res = probes.Result{Verdict: probes.Unknown, Err: errNoProbe}
+	} else {
+		res = t.policy.Probe.Probe(ctx, probes.Key{
+			Key: l.Key.Key, Tool: l.Tool, RequestBody: l.RequestBody, CreatedAt: l.CreatedAt, ClaimedAt: l.ClaimedAt,
+		})
+		res = sanitize(res)
+	}
+	if p.e.metrics != nil {
+		p.e.metrics.observeProbe(t.tool, string(res.Verdict), time.Since(started))
+	}
+	if ctx.Err() != nil {
+		// Cancelled mid-probe: whatever the probe said may be an artefact
+		// of the cancellation. Give the key back; a crash is not an attempt.
+		release(ActionReleased)
+		return
+	}
+	t.mu.Lock()
+	t.probed++
+	t.mu.Unlock()
+	t.decide(ctx, l, res)
+}
+
+var errNoProbe = errors.New("no probe configured for this tool")
+
+// sanitize enforces the verdict contract whatever a probe returns.
+func sanitize(r probes.Result) probes.Result {
+	switch r.Verdict {
+	case probes.Found:
+		if r.Outcome == nil || r.Outcome.Code < 100 || r.Outcome.Code > 599 || (r.Outcome.Body != nil && !json.Valid(r.Outcome.Body)) {
+			return probes.Result{Verdict: probes.Unknown, Evidence: r.Evidence, Err: errors.New("probe said found without a valid outcome")}
+		}
+	case probes.NotFound, probes.Duplicate:
+	case probes.Unknown:
+		if r.Err == nil {
+			r.Err = errors.New("probe returned unknown without an error")
+		}
+	default:
+		return probes.Result{Verdict: probes.Unknown, Evidence: r.Evidence, Err: fmt.Errorf("probe returned an invalid verdict %q", r.Verdict)}
+	}
+	if r.Evidence != nil && !json.Valid(r.Evidence) {
+		r.Evidence = nil
+	}
+	return r
+}
+
+// decide turns a verdict into a decision and writes it.
+func (t *toolRun) decide(ctx context.Context, l ledger.Leased, res probes.Result) {
+	p, cfg := t.p, t.p.e.cfg
+	now := time.Now()
+	age := now.Sub(l.ClaimedAt)
+	d := ledger.Decision{
+		Key: l.Key.Key, Tool: l.Tool, ClaimedAt: l.ClaimedAt, Owner: p.owner, Actor: cfg.Actor,
+		Verdict: string(res.Verdict), Evidence: res.Evidence, CountAttempt: true,
+	}
+	if res.Err != nil {
+		d.Error = truncate(res.Err.Error(), 2000)
+	}
+	attemptsAfter := l.Attempts + 1
+	var raise []alerts.Alert
+	details := alerts.Details{Attempts: attemptsAfter, ClaimedAt: &l.ClaimedAt, CreatedAt: &l.CreatedAt, Verdict: string(res.Verdict), LastError: d.Error}
+	resolveHow := ""
+	conclusive := true
+
+	switch {
+	case t.policy.Probe == nil:
+		conclusive = false
+		d.Verdict = "no_probe"
+		d.Action = ActionNoProbe
+		d.NextProbeIn = t.backoff(attemptsAfter)
+		if attemptsAfter >= cfg.AlertAfterAttempts || age >= cfg.AlertAfterAge {
+			raise = append(raise, alerts.Alert{Reason: alerts.ReasonNoProbe, Tool: l.Tool, Key: l.Key.Key, Details: details})
+		}
+	case res.Verdict == probes.Found:
+		d.Transition = ledger.StatusCompleted
+		d.ResponseCode = res.Outcome.Code
+		d.ResponseBody = res.Outcome.Body
+		if d.ResponseBody == nil {
+			d.ResponseBody = json.RawMessage("null")
+		}
+		d.Action = ActionCompleted
+		resolveHow = "completed by the reconciler (effect found downstream)"
+	case res.Verdict == probes.NotFound:
+		switch {
+		case t.policy.DownstreamDedupWindow > 0 && age > t.policy.DownstreamDedupWindow:
+			// A wrong not_found could no longer be caught downstream.
+			d.Action = ActionEscalatedDedup
+			d.NextProbeIn = t.backoff(attemptsAfter)
+			details.Note = fmt.Sprintf("key is %s old, past the downstream's dedup window of %s", age.Round(time.Second), t.policy.DownstreamDedupWindow)
+			raise = append(raise, alerts.Alert{Reason: alerts.ReasonDedupWindowPassed, Tool: l.Tool, Key: l.Key.Key, Details: details})
+		case cfg.ConfirmNotFoundAfter > 0 && (l.FirstNotFoundAt == nil || now.Sub(*l.FirstNotFoundAt) < cfg.ConfirmNotFoundAfter):
+			d.Action = ActionAwaitingConfirmation
+			d.NotFoundSeen = true
+			wait := cfg.ConfirmNotFoundAfter
+			if l.FirstNotFoundAt != nil {
+				wait -= now.Sub(*l.FirstNotFoundAt)
+			}
+			d.NextProbeIn = max(wait, time.Second)
+		default:
+			d.Transition = ledger.StatusFailedRetryable
+			d.Action = ActionMarkedRetryable
+			resolveHow = "marked failed_retryable by the reconciler (effect not found downstream)"
+		}
+	case res.Verdict == probes.Duplicate:
+		d.Action = ActionDuplicate
+		d.NextProbeIn = t.backoff(attemptsAfter)
+		raise = append(raise, alerts.Alert{Reason: alerts.ReasonDuplicate, Tool: l.Tool, Key: l.Key.Key, Details: details})
+	default: // unknown
+		conclusive = false
+		d.Action = ActionBackoff
+		d.NextProbeIn = t.backoff(attemptsAfter)
+	}
+
+	// Breaker bookkeeping before the write, so that the key that trips it
+	// does not also raise a per-key alert.
+	var tripped bool
+	var openFor time.Duration
+	if t.policy.Probe != nil {
+		tripped, openFor = t.recordVerdict(conclusive)
+	}
+	if res.Verdict == probes.Unknown && t.policy.Probe != nil && !t.isOpen() &&
+		(attemptsAfter >= cfg.AlertAfterAttempts || age >= cfg.AlertAfterAge) {
+		raise = append(raise, alerts.Alert{Reason: alerts.ReasonProbeFailing, Tool: l.Tool, Key: l.Key.Key, Details: details})
+	}
+
+	if p.opts.DryRun {
+		switch d.Transition {
+		case ledger.StatusCompleted:
+			d.Action = ActionWouldComplete
+		case ledger.StatusFailedRetryable:
+			d.Action = ActionWouldRetry
+		}
+		var names []string
+		for _, a := range raise {
+			names = append(names, string(a.Reason))
+		}
+		p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: d.Action, Attempts: l.Attempts,
+			Error: d.Error, Evidence: d.Evidence, Alerts: names, AgeSecond: age.Seconds()})
+		return
+	}
+
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	var out ledger.DecideResult
+	var raised []string
+	err := pgx.BeginFunc(wctx, p.e.pool, func(tx pgx.Tx) error {
+		raised = raised[:0]
+		var err error
+		out, err = ledger.Decide(wctx, tx, d)
+		if err != nil {
+			return err
+		}
+		switch {
+		case out.Action == ActionResolvedByOriginal:
+			if _, err := alerts.ResolveKey(wctx, tx, l.Tool, l.Key.Key, "resolved by the original attempt"); err != nil {
+				return err
+			}
+			return nil
+		case !out.Applied:
+			return nil
+		}
+		if resolveHow != "" {
+			if _, err := alerts.ResolveKey(wctx, tx, l.Tool, l.Key.Key, resolveHow); err != nil {
+				return err
+			}
+		}
+		for _, a := range raise {
+			ok, err := alerts.Raise(wctx, tx, a, cfg.RenotifyAfter)
+			if err != nil {
+				return err
+			}
+			if ok {
+				raised = append(raised, string(a.Reason))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		// Nothing was written: the lease lapses and the key is due again.
+		p.e.logger.Error("record reconcile decision", "key", l.Key.Key, "tool", l.Tool, "verdict", d.Verdict, "err", err)
+		p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: "write_failed", Attempts: l.Attempts,
+			Error: "decision not recorded: " + err.Error(), AgeSecond: age.Seconds()})
+		return
+	}
+	if tripped {
+		t.openBreaker(wctx, openFor, d.Error)
+	}
+	if t.halfOpen && conclusive && t.policy.Probe != nil {
+		t.closeBreaker(wctx)
+	}
+	p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: out.Action, Attempts: out.Attempts,
+		Error: d.Error, Evidence: d.Evidence, Alerts: raised, AgeSecond: age.Seconds()})
+	if out.Action != d.Action {
+		p.e.logger.Info("decision not applied", "key", l.Key.Key, "tool", l.Tool, "verdict", d.Verdict, "action", out.Action)
+	} else if d.Transition != "" {
+		p.e.logger.Info("key resolved", "key", l.Key.Key, "tool", l.Tool, "verdict", d.Verdict, "action", out.Action)
+	}
+}
+
+func (p *pass) add(r KeyResult) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.report.Keys = append(p.report.Keys, r)
+	p.report.Actions[r.Action]++
+	p.report.AlertsRaised += len(r.Alerts)
+	if p.e.metrics != nil {
+		p.e.metrics.observeDecision(r.Tool, r.Action)
+	}
+}
+
+// backoff returns the delay before a key's next probe after attempts
+// inconclusive attempts.
+func (t *toolRun) backoff(attempts int) time.Duration {
+	cfg := t.p.e.cfg
+	exp := math.Pow(2, float64(max(attempts-1, 0)))
+	d := time.Duration(math.Min(float64(cfg.BackoffBase)*exp, float64(cfg.BackoffMax)))
+	jitter := 0.9 + 0.2*mrand.Float64()
+	return time.Duration(float64(d) * jitter)
+}
+
+// recordVerdict updates the breaker's count; it reports whether this
+// verdict trips the breaker, and for how long it opens.
+func (t *toolRun) recordVerdict(conclusive bool) (bool, time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if conclusive {
+		t.consecutive = 0
+		return false, 0
+	}
+	if t.open {
+		return false, 0
+	}
+	t.consecutive++
+	threshold := t.p.e.cfg.BreakerFailures
+	if t.halfOpen {
+		threshold = 1
+	}
+	if t.consecutive < threshold {
+		return false, 0
+	}
+	t.open = true
+	return true, 0
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func nonce() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,80 @@
+package reconcile
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the engine's Prometheus series.
+type Metrics struct {
+	probes        *prometheus.CounterVec
+	probeDuration *prometheus.HistogramVec
+	decisions     *prometheus.CounterVec
+	passes        *prometheus.CounterVec
+	passDuration  prometheus.Histogram
+	breakerOpens  *prometheus.CounterVec
+	lastPass      prometheus.Gauge
+}
+
+// NewMetrics registers the engine's series with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ledgerkeeper_reconcile_probes_total",
+			Help: "Probes run, by tool and verdict.",
+		}, []string{"tool", "verdict"}),
+		probeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ledgerkeeper_reconcile_probe_duration_seconds",
+			Help:    "Probe latency, by tool.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}, []string{"tool"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ledgerkeeper_reconcile_decisions_total",
+			Help: "Reconcile decisions recorded, by tool and action.",
+		}, []string{"tool", "action"}),
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ledgerkeeper_reconcile_passes_total",
+			Help: "Reconcile passes, by result (ok or error).",
+		}, []string{"result"}),
+		passDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ledgerkeeper_reconcile_pass_duration_seconds",
+			Help:    "Duration of reconcile passes.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+		}),
+		breakerOpens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ledgerkeeper_reconcile_breaker_opens_total",
+			Help: "Times a tool's circuit breaker opened.",
+		}, []string{"tool"}),
+		lastPass: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ledgerkeeper_reconcile_last_success_timestamp_seconds",
+			Help: "Unix time of the last reconcile pass that finished without error.",
+		}),
+	}
+	reg.MustRegister(m.probes, m.probeDuration, m.decisions, m.passes, m.passDuration, m.breakerOpens, m.lastPass)
+	return m
+}
+
+func (m *Metrics) observeProbe(tool, verdict string, d time.Duration) {
+	m.probes.WithLabelValues(tool, verdict).Inc()
+	m.probeDuration.WithLabelValues(tool).Observe(d.Seconds())
+}
+
+func (m *Metrics) observeDecision(tool, action string) {
+	m.decisions.WithLabelValues(tool, action).Inc()
+}
+
+func (m *Metrics) breakerOpened(tool string) { m.breakerOpens.WithLabelValues(tool).Inc() }
+
+func (m *Metrics) observePass(r Report, err error) {
+	if r.DryRun {
+		return
+	}
+	m.passDuration.Observe(r.Duration.Seconds())
+	if err != nil {
+		m.passes.WithLabelValues("error").Inc()
+		return
+	}
+	m.passes.WithLabelValues("ok").Inc()
+	m.lastPass.Set(float64(r.StartedAt.Add(r.Duration).Unix()))
+}
