@@ -26,15 +26,22 @@
 // Unknown, by contrast, only costs time: the key stays processing, retries
 // keep getting 409, and an operator is alerted once it has been unknown for
 // too long. So every probe here turns anything it did not expect into
-// Unknown, with an error that says why: a 3xx, 401, 429 or 5xx; a body that
-// is not JSON or is larger than the limit; a match that is a scalar or an
-// array of non-objects; a request placeholder that is missing, null, empty
-// or not a scalar (probing with an empty value could match everything); a
-// response_body field that is missing from the matched object (a partial
-// outcome would be replayed forever); a SQL query that is not a read-only
-// SELECT. Only two things count as evidence of absence: an HTTP 404, and a
-// 2xx JSON document whose match is absent, null, [] or {} — or zero rows
-// from a read-only SQL query.
+// Unknown, with an error that says why: a 3xx (redirects are never
+// followed), 401, 429 or 5xx; a body that is not JSON or is larger than the
+// limit; a match that is a scalar, an array holding anything but non-empty
+// objects, or a path that runs into a scalar or null; a request placeholder
+// that is missing, null, empty or not a scalar (probing with an empty value
+// could match everything); a key that would be a "." or ".." path segment
+// (URL normalisation would move the request up the path); a response_body
+// field that is missing from the matched object (a partial outcome would be
+// replayed forever); an outcome that a jsonb column cannot store; a SQL
+// query that is not a read-only SELECT, or that returns a column twice.
+//
+// Only these count as evidence of absence: an HTTP 404; a 2xx JSON document
+// whose match is absent (a missing member or array element), null, [] or
+// {}; zero rows from a SELECT run in a read-only transaction. Choose the
+// match path with that in mind: a 200 whose JSON lacks the match path is
+// read as "no such effect".
 //
 // Guard wraps any probe (built-in or written in Go) so that the same rules
 // hold for code this package does not control: it gives the probe a
