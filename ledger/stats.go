@@ -65,23 +65,17 @@ func Stats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, error) {
 	if err != nil {
 		return nil, wrap("count keys", err)
 	}
-	for tool, total := range processing {
-		w, hb := windows(tool)
-		s := get(tool)
-		var oldest *time.Time
-		var age *float64
-		err := db.QueryRow(ctx, `SELECT count(*), min(claimed_at), extract(epoch FROM now() - min(claimed_at))::float8
-			FROM idempotency_keys
-			WHERE status = 'processing' AND tool = $1 AND claimed_at <= now() - $2::interval
-			  AND (heartbeat_at IS NULL OR heartbeat_at <= now() - $3::interval)`, tool, w, hb).Scan(&s.Stuck, &oldest, &age)
-		if err != nil {
-			return nil, wrap("count stuck keys", err)
-		}
-		s.InWindow = total - s.Stuck
-		s.OldestStuckClaimedAt = oldest
-		if age != nil {
-			s.OldestStuckAgeSeconds = *age
-		}
+	stuck, err := StuckStats(ctx, db, windows)
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range stuck {
+		s := get(st.Tool)
+		s.InWindow, s.Stuck, s.OldestStuckClaimedAt, s.OldestStuckAgeSeconds = st.InWindow, st.Stuck, st.OldestStuckClaimedAt, st.OldestStuckAgeSeconds
+		delete(processing, st.Tool)
+	}
+	for tool, n := range processing { // claimed since StuckStats looked
+		get(tool).InWindow = n
 	}
 	rows, err = db.Query(ctx, `SELECT k.tool, count(*) FROM key_holds h JOIN idempotency_keys k USING (key) GROUP BY k.tool`)
 	if err != nil {
@@ -99,6 +93,43 @@ func Stats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, error) {
 		out = append(out, *s)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tool < out[j].Tool })
+	return out, nil
+}
+
+// StuckStats counts processing keys per tool, in flight and stuck, through
+// the partial index only: its cost follows the number of processing keys,
+// not the table's size, so the daemon can export it as metrics.
+func StuckStats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, error) {
+	rows, err := db.Query(ctx, `SELECT tool, count(*) FROM idempotency_keys WHERE status = 'processing' GROUP BY tool ORDER BY tool`)
+	if err != nil {
+		return nil, wrap("count processing keys", err)
+	}
+	var out []ToolStats
+	var tool string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&tool, &n}, func() error {
+		out = append(out, ToolStats{Tool: tool, InWindow: n})
+		return nil
+	})
+	if err != nil {
+		return nil, wrap("count processing keys", err)
+	}
+	for i := range out {
+		s := &out[i]
+		w, hb := windows(s.Tool)
+		var age *float64
+		err := db.QueryRow(ctx, `SELECT count(*), min(claimed_at), extract(epoch FROM now() - min(claimed_at))::float8
+			FROM idempotency_keys
+			WHERE status = 'processing' AND tool = $1 AND claimed_at <= now() - $2::interval
+			  AND (heartbeat_at IS NULL OR heartbeat_at <= now() - $3::interval)`, s.Tool, w, hb).Scan(&s.Stuck, &s.OldestStuckClaimedAt, &age)
+		if err != nil {
+			return nil, wrap("count stuck keys", err)
+		}
+		s.InWindow = max(s.InWindow-s.Stuck, 0)
+		if age != nil {
+			s.OldestStuckAgeSeconds = *age
+		}
+	}
 	return out, nil
 }
 

@@ -54,6 +54,10 @@ func Main(m *testing.M) {
 
 func run(m *testing.M) int {
 	ctx := context.Background()
+	// Goroutines alive before the tests (the runtime's, the harness's) are
+	// not the tests' leaks; anything started by a test and still running
+	// after all of them is.
+	ignore := goleak.IgnoreCurrent()
 	stop, err := start(ctx)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: no PostgreSQL for the tests: %v\n", err)
@@ -65,7 +69,7 @@ func run(m *testing.M) int {
 	}
 	stop()
 	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
+		if err := goleak.Find(ignore); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: goroutines leaked: %v\n", err)
 			return 1
 		}
