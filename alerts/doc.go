@@ -1,9 +1,83 @@
 // Package alerts turns what ledgerkeeper cannot resolve into messages a
 // human can act on.
 //
+// # Raising
+//
 // The outbox side (Raise, ResolveKey, ResolveTool) runs inside the
 // transaction of the decision that raises the alert, so an alert exists if
 // and only if its decision does (invariant 8). alert_state remembers the
-// last alert per reason and subject: it drives renotify_after and the
-// resolved notices.
+// last alert per reason and subject (a key, or a tool for tool-wide
+// alerts): a second Raise for the same reason and subject within
+// renotify_after enqueues nothing, and ResolveKey/ResolveTool enqueue one
+// "resolved" row per open alert (like Alertmanager's send_resolved). Keys
+// resolved behind the reconciler's back (the original attempt completed)
+// are found with OpenKeyAlerts by the reconciler's sweep, which then calls
+// ResolveKey.
+//
+// # Delivering
+//
+// A Dispatcher delivers the outbox. Each row goes through:
+//
+//	Raise / ResolveKey, in the decision's transaction
+//	      │
+//	      ▼
+//	pending, due at next_attempt_at ◄──────────────────────────┐
+//	      │ claim: FOR UPDATE SKIP LOCKED + lease,             │
+//	      │ committed before anything is posted                │
+//	      ▼                                                    │
+//	pending + leased ── lease expires (crash, kill -9) ────────┤
+//	      │          ── released (shutdown, lease running out) ┤
+//	      │ group by (kind, reason), render, Notify            │
+//	      ├── refused / timed out: attempts + 1, last_error,   │
+//	      │   last_error_class, next_attempt_at = back-off ────┘
+//	      ▼ Slack took it
+//	sent  (UPDATE … WHERE lease_owner = this pass; kept for
+//	       history until purge's retention removes it)
+//
+// Back-off: BackoffBase·2^attempts capped at BackoffMax, with equal jitter;
+// a 429's Retry-After is a floor, honoured exactly. A permanent error (bad
+// token, channel not found, webhook removed) waits PermanentBackoff, is
+// logged once per pass, counted in ledgerkeeper_alerts_delivery_failures_total
+// {class="permanent"} and shown by Health (so by `ledgerkeeper status`);
+// the first pass of each new Dispatcher retries such rows at once, so a
+// fixed configuration works from the next restart or CLI run. After a
+// failure that concerns Slack rather than one message (outage, rate limit,
+// auth), the rest of the pass is deferred by the same delay without
+// counting an attempt. Nothing is ever deleted or given up on here.
+//
+// # Exactly one sender, and the one duplicate
+//
+// Concurrent dispatchers (replicas, a CLI run beside `serve`) claim
+// disjoint rows: SKIP LOCKED skips rows another claim is locking, and the
+// lease condition skips rows another pass holds. Marking sent is
+// conditional on this pass's lease token, and a post starts only if it can
+// finish inside the lease (Lease > NotifyTimeout + 5s), so a row is never
+// posted by two live dispatchers.
+//
+// The one duplicate possible: a process that dies (or loses its database)
+// after Slack took a message and before the mark commits leaves the rows
+// pending; once the lease expires another pass posts them again. Nothing
+// can close that window without a transaction spanning Slack, which does
+// not exist; Slack's webhook and chat.postMessage have no idempotency key.
+// The mark runs on a context that a shutdown does not cancel, so an
+// orderly stop (SIGTERM) does not open it. A pass cancelled while a post
+// is in flight releases its rows, which may repeat that one message.
+//
+// # Messages
+//
+// One message per kind and reason per pass: a header, what the reason
+// means and its runbook section, then one section per alert (key, tool,
+// age, attempts, last probe error, the exact `ledgerkeeper inspect` command)
+// up to MaxKeysPerMessage, then "…and N more". Everything taken from the
+// ledger or a downstream is escaped for Slack mrkdwn (& < >) in verbatim
+// text objects, so a key like <!channel> can neither ping anyone nor
+// disguise a link; the only links are our own runbook links. Texts are cut
+// to Slack's limits (50 blocks, 3000 characters per text object, 150 per
+// header) between characters, never inside an entity.
+//
+// # Secrets
+//
+// A webhook URL and a token are secrets. Notifiers redact them from every
+// error (net/http quotes the URL in *url.Error), so last_error, logs and
+// Health never hold them.
 package alerts

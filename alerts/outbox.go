@@ -3,6 +3,7 @@ package alerts
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -105,16 +106,15 @@ func Raise(ctx context.Context, db DBTX, a Alert, renotifyAfter time.Duration) (
 		RETURNING 1`
 	var one int
 	err := db.QueryRow(ctx, upsert, string(a.Reason), subject(a), a.Tool, nullable(a.Key), renotifyAfter).Scan(&one)
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("raise %s alert: %w", a.Reason, err)
 	}
-	if len(a.Details.LastError) > maxErrorLen {
-		a.Details.LastError = a.Details.LastError[:maxErrorLen]
-	}
-	if err := enqueue(ctx, db, a, "firing"); err != nil {
+	// Cut by characters: a cut inside a UTF-8 sequence would store U+FFFD.
+	a.Details.LastError = truncRunes(a.Details.LastError, maxErrorLen)
+	if err := enqueue(ctx, db, a, KindFiring); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -144,20 +144,20 @@ func resolve(ctx context.Context, db DBTX, subj, tool, key, how string) (int, er
 		return 0, fmt.Errorf("resolve alerts of %s: %w", subj, err)
 	}
 	for _, r := range reasons {
-		if err := enqueue(ctx, db, Alert{Reason: Reason(r), Tool: tool, Key: key, Details: Details{Resolution: how}}, "resolved"); err != nil {
+		if err := enqueue(ctx, db, Alert{Reason: Reason(r), Tool: tool, Key: key, Details: Details{Resolution: how}}, KindResolved); err != nil {
 			return 0, err
 		}
 	}
 	return len(reasons), nil
 }
 
-func enqueue(ctx context.Context, db DBTX, a Alert, kind string) error {
+func enqueue(ctx context.Context, db DBTX, a Alert, kind Kind) error {
 	details, err := json.Marshal(a.Details)
 	if err != nil {
 		return fmt.Errorf("encode alert details: %w", err)
 	}
 	_, err = db.Exec(ctx, `INSERT INTO alert_outbox (reason, kind, tool, key, details) VALUES ($1, $2, $3, $4, $5)`,
-		string(a.Reason), kind, a.Tool, nullable(a.Key), string(details))
+		string(a.Reason), string(kind), a.Tool, nullable(a.Key), string(details))
 	if err != nil {
 		return fmt.Errorf("enqueue %s alert: %w", a.Reason, err)
 	}

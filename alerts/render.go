@@ -1,0 +1,452 @@
+package alerts
+
+import (
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/slack-go/slack"
+)
+
+// Slack's limits for a message, in characters.
+// https://api.slack.com/reference/block-kit/blocks
+const (
+	maxBlocks      = 50
+	maxTextObject  = 3000
+	maxHeaderText  = 150
+	maxFallback    = 3000 // Slack allows 40,000; a notification shows far less
+	maxErrorRunes  = 300  // the last probe error, before escaping
+	fixedBlocks    = 3    // header, intro, "…and N more"
+	maxListedItems = maxBlocks - fixedBlocks
+)
+
+// reasonInfo is what a message says about its reason: a title, what it
+// means and what to do first, in one line each (our own text: the only
+// mrkdwn in it is `code`).
+type reasonInfo struct{ title, meaning, next string }
+
+var reasonInfos = map[Reason]reasonInfo{
+	ReasonDuplicate: {"Duplicate effect downstream",
+		"The probe found more than one effect for one key: the action already happened twice downstream, so idempotency was violated.",
+		"inspect the key, undo the extra effect downstream, then record the one that stands with `ledgerkeeper resolve KEY --completed`."},
+	ReasonDedupWindowPassed: {"Past the downstream's dedup window",
+		"The probe found no effect, but the key is older than the downstream's own dedup window: a retry could no longer be caught there, so ledgerkeeper will not mark it retryable by itself.",
+		"inspect the key, confirm downstream that the effect never happened, then `ledgerkeeper resolve KEY --retryable` (or `--completed` if it did)."},
+	ReasonExpiredProcessing: {"Expired while still processing",
+		"The key passed its retention (expires_at) with its outcome still unknown: purge keeps it until someone decides.",
+		"inspect the key, find its outcome downstream, then `ledgerkeeper resolve KEY --completed` or `--retryable`; purge removes it afterwards."},
+	ReasonDownstreamUnreachable: {"Downstream unreachable",
+		"The tool's probes keep failing, so its circuit breaker opened and probing is paused: its stuck keys stay processing (retries get 409) until the downstream answers.",
+		"check the downstream and the probe's URL and credentials; probing resumes by itself when the breaker closes."},
+	ReasonProbeFailing: {"Probe failing",
+		"The probe keeps answering unknown (error, timeout, unreadable answer) for the key, so ledgerkeeper cannot tell whether the effect happened: the key stays processing.",
+		"inspect the key, fix the probe or the downstream, then re-probe with `ledgerkeeper reconcile --key KEY`, or decide with `ledgerkeeper resolve`."},
+	ReasonNoProbe: {"No probe configured",
+		"The key is stuck and its tool has no probe, so ledgerkeeper cannot ask the downstream: a human must decide.",
+		"inspect the key, check downstream by hand, then `ledgerkeeper resolve KEY --completed` or `--retryable`; configure a probe for the tool."},
+}
+
+func infoFor(r Reason) reasonInfo {
+	if i, ok := reasonInfos[r]; ok {
+		return i
+	}
+	// A reason stored by another version: shown reduced to its anchor
+	// characters, never as raw text.
+	return reasonInfo{"Alert " + anchorFor(r), "An alert this version of ledgerkeeper does not describe: see the runbook.",
+		"inspect each key below, then follow the runbook section."}
+}
+
+// item is one outbox row to render and deliver.
+type item struct {
+	id        int64
+	reason    Reason
+	kind      Kind
+	tool      string
+	key       string
+	details   Details
+	createdAt time.Time
+	attempts  int
+}
+
+// renderer turns the items of one (kind, reason) into a message.
+type renderer struct {
+	// runbookURL is the base link of runbook.md (validated), "" for none.
+	runbookURL string
+	maxItems   int
+}
+
+var safeLinkRE = regexp.MustCompile(`^https?://[^\s<>|"` + "`" + `]+$`)
+
+// newRenderer keeps a runbook URL only if it can sit inside Slack's
+// <url|text> link syntax unharmed.
+func newRenderer(runbookURL string, maxItems int) renderer {
+	r := renderer{maxItems: min(max(maxItems, 1), maxListedItems)}
+	if u, err := url.Parse(runbookURL); err == nil && u.Host != "" && safeLinkRE.MatchString(runbookURL) {
+		u.Fragment = ""
+		r.runbookURL = u.String()
+	}
+	return r
+}
+
+// runbookRef is the runbook section for a reason: a link from our own
+// template, or the section's name as text when no URL is configured.
+func (r renderer) runbookRef(reason Reason) string {
+	anchor := anchorFor(reason)
+	if r.runbookURL == "" {
+		return "`runbook.md#" + anchor + "`"
+	}
+	// Slack links: & must be escaped inside the URL too.
+	return "<" + escape(r.runbookURL+"#"+anchor) + "|runbook: " + anchor + ">"
+}
+
+var anchorRE = regexp.MustCompile(`[^a-z0-9_-]+`)
+
+// anchorFor is a reason's section anchor; reasons are our own snake_case
+// constants, and anything else stored in the outbox is reduced to that.
+func anchorFor(r Reason) string {
+	a := anchorRE.ReplaceAllString(strings.ToLower(string(r)), "")
+	if len(a) > 40 {
+		a = a[:40]
+	}
+	if a == "" {
+		return "alerts"
+	}
+	return a
+}
+
+func (r renderer) render(kind Kind, reason Reason, items []item, now time.Time) Message {
+	info := infoFor(reason)
+	count := plural(len(items), unitOf(items))
+
+	var header, lead string
+	if kind == KindResolved {
+		header = "✅ Resolved: " + info.title + " (" + count + ")"
+		lead = "*No longer needs a human:* these alerts were resolved (by the reconciler, the original attempt, an operator or purge)."
+	} else {
+		header = "🔴 " + info.title + ": " + count
+		lead = "*What it means:* " + escape(info.meaning)
+	}
+	lead += "\n*Runbook:* " + r.runbookRef(reason)
+	if kind == KindFiring {
+		lead += "\n*Next:* " + escape(info.next)
+	}
+
+	blocks := []slack.Block{
+		slack.NewHeaderBlock(slack.NewTextBlockObject(slack.PlainTextType, truncRunes(header, maxHeaderText), true, false)),
+		section(lead),
+	}
+	listed := items
+	if len(listed) > r.maxItems {
+		listed = listed[:r.maxItems]
+	}
+	for _, it := range listed {
+		blocks = append(blocks, section(r.itemText(kind, it, now)))
+	}
+	if rest := len(items) - len(listed); rest > 0 {
+		more := fmt.Sprintf("…and %d more (%s in all): list them with `ledgerkeeper status`.", rest, count)
+		blocks = append(blocks, slack.NewContextBlock("", slack.NewTextBlockObject(slack.MarkdownType, more, false, true)))
+	}
+	return Message{
+		Kind:   kind,
+		Reason: reason,
+		Alerts: len(items),
+		Text:   r.fallback(kind, reason, info, items, count),
+		Blocks: blocks,
+	}
+}
+
+// section is a mrkdwn section. verbatim: Slack must not turn bare names or
+// URLs in ledger data into mentions or links; our own links are explicit.
+func section(text string) *slack.SectionBlock {
+	return slack.NewSectionBlock(slack.NewTextBlockObject(slack.MarkdownType, safeCut(text, maxTextObject), false, true), nil, nil)
+}
+
+// itemText describes one alert. Every value from the ledger or a
+// downstream goes through escape (via inline, codeBlock or escTrunc), each
+// under a budget that keeps the whole text within 3000 characters.
+func (r renderer) itemText(kind Kind, it item, now time.Time) string {
+	var b strings.Builder
+	d := it.details
+	if it.key == "" {
+		b.WriteString("*Tool* " + inline(it.tool, 200))
+		if d.Keys > 0 {
+			fmt.Fprintf(&b, " · *keys affected* %d", d.Keys)
+		}
+	} else {
+		b.WriteString("*Key* " + inline(it.key, 400) + " · *tool* " + inline(it.tool, 200))
+	}
+	if kind == KindResolved {
+		if d.Resolution != "" {
+			b.WriteString("\n*Resolved:* " + escTrunc(oneLine(d.Resolution), 200))
+		}
+	} else {
+		var facts []string
+		if t := firstTime(d.CreatedAt, d.ClaimedAt); t != nil {
+			facts = append(facts, "*age* "+formatAge(now.Sub(*t)))
+		}
+		if d.Attempts > 0 {
+			facts = append(facts, fmt.Sprintf("*attempts* %d", d.Attempts))
+		}
+		if d.Verdict != "" {
+			facts = append(facts, "*last verdict* "+escTrunc(oneLine(d.Verdict), 40))
+		}
+		if d.ExpiresAt != nil {
+			facts = append(facts, "*expired* "+d.ExpiresAt.UTC().Format(time.RFC3339)+" ("+formatAge(now.Sub(*d.ExpiresAt))+" ago)")
+		}
+		if len(facts) > 0 {
+			b.WriteString("\n" + strings.Join(facts, " · "))
+		}
+		if d.LastError != "" {
+			b.WriteString("\n*Last probe error:* " + codeBlock(truncRunes(scrubSecrets(d.LastError), maxErrorRunes), 1000))
+		}
+		if d.Note != "" {
+			b.WriteString("\n*Note:* " + escTrunc(oneLine(d.Note), 250))
+		}
+	}
+	b.WriteString("\n*Inspect:* " + inspectCommand(it))
+	return b.String()
+}
+
+// inspectCommand is the exact command to run, the key shell-quoted.
+func inspectCommand(it item) string {
+	if it.key == "" {
+		return codeBlock("ledgerkeeper status", 700)
+	}
+	cmd := "ledgerkeeper inspect "
+	if strings.HasPrefix(it.key, "-") {
+		cmd += "-- " // a key is not a flag
+	}
+	cmd += shellQuote(it.key)
+	if utf8.RuneCountInString(escape(cmd)) > 690 || strings.Contains(cmd, "```") {
+		return "the key is too long to quote here: find it with `ledgerkeeper status`"
+	}
+	return codeBlock(cmd, 700)
+}
+
+// fallback is the plain `text` of the message: what a notification shows.
+func (r renderer) fallback(kind Kind, reason Reason, info reasonInfo, items []item, count string) string {
+	var b strings.Builder
+	if kind == KindResolved {
+		b.WriteString("[RESOLVED] ")
+	} else {
+		b.WriteString("[FIRING] ")
+	}
+	b.WriteString(escape(info.title) + ": " + count + ". Runbook: " + r.runbookRef(reason) + ".")
+	names := make([]string, 0, min(len(items), 5))
+	for _, it := range items[:min(len(items), 5)] {
+		names = append(names, inline(cmpStr(it.key, it.tool), 120))
+	}
+	if len(names) > 0 {
+		b.WriteString(" " + strings.Join(names, ", "))
+		if len(items) > len(names) {
+			fmt.Fprintf(&b, " and %d more", len(items)-len(names))
+		}
+	}
+	return safeCut(b.String(), maxFallback)
+}
+
+// unitOf names what a message counts: keys, tools (tool-wide alerts), or
+// alerts when a reason mixes both.
+func unitOf(items []item) string {
+	keys, tools := 0, 0
+	for _, it := range items {
+		if it.key == "" {
+			tools++
+		} else {
+			keys++
+		}
+	}
+	switch {
+	case tools == 0:
+		return "key"
+	case keys == 0:
+		return "tool"
+	}
+	return "alert"
+}
+
+func cmpStr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func firstTime(ts ...*time.Time) *time.Time {
+	for _, t := range ts {
+		if t != nil && !t.IsZero() {
+			return t
+		}
+	}
+	return nil
+}
+
+func plural(n int, unit string) string {
+	if n == 1 {
+		return "1 " + unit
+	}
+	return fmt.Sprintf("%d %ss", n, unit)
+}
+
+// formatAge is a duration on-call reads at a glance: 45s, 12m, 2h13m, 3d4h.
+func formatAge(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	default:
+		return fmt.Sprintf("%dd%dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+	}
+}
+
+var (
+	userinfoRE = regexp.MustCompile(`://[^/\s@]*@`)
+	bearerRE   = regexp.MustCompile(`(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}`)
+)
+
+// scrubSecrets removes what looks like a credential from a probe error
+// before it reaches Slack: probes should not quote secrets, but an error
+// from a client library may quote a URL with userinfo or a header value.
+func scrubSecrets(s string) string {
+	s = userinfoRE.ReplaceAllString(s, "://[redacted]@")
+	s = bearerRE.ReplaceAllString(s, "$1 [redacted]")
+	s = tokenRE.ReplaceAllString(s, "xox?-[redacted]")
+	return webhookRE.ReplaceAllString(s, "hooks.slack.com/[redacted]")
+}
+
+var shellSafeRE = regexp.MustCompile(`^[A-Za-z0-9_@%+=:,./-]+$`)
+
+// shellQuote quotes s for a POSIX shell: bare when harmless, else in
+// single quotes.
+func shellQuote(s string) string {
+	if shellSafeRE.MatchString(s) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// escape makes text from outside safe in Slack mrkdwn: &, < and > become
+// entities, so nothing can open a mention (<!channel>, <@U1>, <#C1>) or a
+// disguised link (<https://evil|runbook>). Invalid UTF-8 and control
+// characters, which Slack may reject, become U+FFFD and spaces.
+// https://api.slack.com/reference/surfaces/formatting#escaping
+func escape(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToValidUTF8(s, "\uFFFD") {
+		b.WriteString(escapeRune(r))
+	}
+	return b.String()
+}
+
+func escapeRune(r rune) string {
+	switch {
+	case r == '&':
+		return "&amp;"
+	case r == '<':
+		return "&lt;"
+	case r == '>':
+		return "&gt;"
+	case r == '\n' || r == '\t':
+		return string(r)
+	case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == '\u2028' || r == '\u2029':
+		return " "
+	}
+	return string(r)
+}
+
+// escTrunc escapes s and keeps the result within max characters, cutting
+// between characters of the source (never inside an entity) and marking
+// the cut with "…".
+func escTrunc(s string, max int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	var b strings.Builder
+	n := 0
+	for i, r := range s {
+		e := escapeRune(r)
+		w := utf8.RuneCountInString(e)
+		if n+w > max-1 {
+			// Room for the ellipsis, unless this is the last character.
+			if n+w <= max && i+utf8.RuneLen(r) == len(s) {
+				b.WriteString(e)
+				return b.String()
+			}
+			b.WriteString("…")
+			return b.String()
+		}
+		b.WriteString(e)
+		n += w
+	}
+	return b.String()
+}
+
+// oneLine folds line breaks into spaces, for inline values.
+func oneLine(s string) string {
+	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ", "\t", " ").Replace(s)
+}
+
+// inline is a value shown as `code` (not parsed for bold or italics),
+// escaped and within max characters. A value holding a backtick cannot sit
+// in a code span, so it is shown escaped without one.
+func inline(s string, max int) string {
+	s = oneLine(s)
+	if s == "" {
+		return "(none)"
+	}
+	if strings.Contains(s, "`") {
+		return escTrunc(s, max)
+	}
+	return "`" + escTrunc(s, max-2) + "`"
+}
+
+// codeBlock is a preformatted block, escaped and within max characters
+// (Slack decodes the entities inside it too). Text holding backticks would
+// close the fence early, so it is shown escaped without one.
+func codeBlock(s string, max int) string {
+	s = strings.TrimSpace(s)
+	if strings.Contains(s, "`") {
+		return escTrunc(oneLine(s), max)
+	}
+	return "```" + escTrunc(s, max-6) + "```"
+}
+
+// truncRunes cuts raw (unescaped) text to max characters, marking the cut.
+func truncRunes(s string, max int) string {
+	if utf8.RuneCountInString(s) <= max {
+		return s
+	}
+	rs := []rune(s)
+	return string(rs[:max-1]) + "…"
+}
+
+// safeCut is the last guard on an already rendered text: it cuts to max
+// characters, never inside an entity (&amp;) nor inside one of our links.
+func safeCut(s string, max int) string {
+	if utf8.RuneCountInString(s) <= max {
+		return s
+	}
+	rs := make([]rune, 0, max)
+	for _, r := range s {
+		if len(rs) == max-1 {
+			break
+		}
+		rs = append(rs, r)
+	}
+	cut := string(rs)
+	// Back off an entity or a link left open at the end.
+	if i := strings.LastIndexByte(cut, '&'); i >= 0 && !strings.Contains(cut[i:], ";") {
+		cut = cut[:i]
+	}
+	if i := strings.LastIndexByte(cut, '<'); i >= 0 && !strings.Contains(cut[i:], ">") {
+		cut = cut[:i]
+	}
+	return cut + "…"
+}

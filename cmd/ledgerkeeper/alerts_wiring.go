@@ -1,0 +1,53 @@
+package main
+
+import (
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+)
+
+// newDispatcher builds the alert dispatcher that `reconcile`, `purge` and
+// `serve` run after their passes (serve also on schedule.alerts), from
+// a.cfg.Alerts. It never returns a nil dispatcher: without any Slack
+// configuration the notifier is alerts.NotConfigured, so alerts stay in the
+// outbox, each pass counts a permanent failure and `ledgerkeeper status`
+// shows "no Slack configured" instead of alerts vanishing silently.
+func newDispatcher(a *app, pool *pgxpool.Pool) (*alerts.Dispatcher, error) {
+	return newDispatcherWithMetrics(a, pool, nil)
+}
+
+// newDispatcherWithMetrics is newDispatcher with Prometheus series, for
+// `serve` (metrics := alerts.NewMetrics(registry)).
+func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metrics) (*alerts.Dispatcher, error) {
+	if err := a.load(); err != nil {
+		return nil, err
+	}
+	s := a.cfg.Alerts.Slack
+	timeout := s.Timeout.D()
+	notifier, err := alerts.NewSlack(alerts.SlackConfig{
+		WebhookURL: s.WebhookURL.Reveal(),
+		Token:      s.Token.Reveal(),
+		Channel:    s.Channel,
+		APIURL:     s.APIURL,
+		Timeout:    timeout,
+	})
+	switch {
+	case errors.Is(err, alerts.ErrNoSlack):
+		a.logger.Warn("no Slack configured (alerts.slack.webhook_url, or alerts.slack.token and alerts.slack.channel): alerts stay in the outbox; see 'ledgerkeeper status'")
+		notifier = alerts.NotConfigured{}
+	case err != nil:
+		return nil, &configError{err}
+	}
+	// One post may take the whole HTTP timeout; the lease must outlast a
+	// few of them (alerts.Config.Lease).
+	notifyTimeout := timeout + 5*time.Second
+	return alerts.New(pool, alerts.Config{
+		Lease:             max(alerts.DefaultLease, 4*notifyTimeout),
+		NotifyTimeout:     notifyTimeout,
+		MaxKeysPerMessage: a.cfg.Alerts.MaxKeysPerMessage,
+		RunbookURL:        a.cfg.Alerts.RunbookURL,
+	}, notifier, a.logger.With("component", "alerts"), metrics), nil
+}
