@@ -127,5 +127,5 @@ func (t *toolRun) closeBreaker(ctx context.Context) {
 // (the original attempt completed it, an operator resolved it, a retry
 // re-claimed it, or it is gone), so on-call hears that it is over.
 func (e *Engine) sweepAlerts(ctx context.Context) (int, error) {
-	return sweepSettled(ctx, e.pool)
+	return e.sweepSettled(ctx, e.pool)
 }

@@ -137,6 +137,9 @@ type Engine struct {
 	pool    *pgxpool.Pool
 	logger  *slog.Logger
 	metrics *Metrics
+
+	sweepMu     sync.Mutex
+	sweepCursor alerts.OpenAlert // where the next alert sweep resumes
 }
 
 // New returns an engine. metrics may be nil.

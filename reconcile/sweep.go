@@ -19,17 +19,28 @@ const sweepLimit = 1000
 // processing. The reconciler resolves the keys it decides itself in the
 // decision's transaction; this catches the rest (the original attempt
 // completed, an operator resolved it, a retry re-claimed it, purge).
-func sweepSettled(ctx context.Context, pool *pgxpool.Pool) (int, error) {
-	rows, err := pool.Query(ctx, `SELECT DISTINCT key, coalesce(tool, '') FROM alert_state
-		WHERE resolved_at IS NULL AND key IS NOT NULL LIMIT $1`, sweepLimit)
-	if err != nil {
-		return 0, fmt.Errorf("list open alerts: %w", err)
+//
+// It examines at most sweepLimit open alerts per pass, resuming where the
+// previous pass stopped (wrapping around), so alerts that stay open never
+// hide the ones after them.
+func (e *Engine) sweepSettled(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	e.sweepMu.Lock()
+	defer e.sweepMu.Unlock()
+	var open []alerts.OpenAlert
+	after := e.sweepCursor
+	for len(open) < sweepLimit {
+		page, err := alerts.OpenKeyAlertsAfter(ctx, pool, after, 200)
+		if err != nil {
+			return 0, err
+		}
+		open = append(open, page...)
+		if len(page) < 200 {
+			after = alerts.OpenAlert{} // end reached: next pass starts over
+			break
+		}
+		after = page[len(page)-1]
 	}
-	type openAlert struct{ Key, Tool string }
-	open, err := pgx.CollectRows(rows, pgx.RowToStructByPos[openAlert])
-	if err != nil {
-		return 0, fmt.Errorf("list open alerts: %w", err)
-	}
+	e.sweepCursor = after
 	resolved := 0
 	done := map[string]bool{}
 	for _, a := range open {

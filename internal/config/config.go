@@ -558,3 +558,9 @@ func checkURLTemplate(tmpl string) error {
 	}
 	return nil
 }
+
+// ErrorAt builds an error at a key path of this configuration, with the
+// key's line, for problems found after loading (building probes).
+func (c *Config) ErrorAt(path, format string, args ...any) *Error {
+	return c.errAt(path, format, args...)
+}

@@ -350,4 +350,3 @@ func TestLedgerUnavailable(t *testing.T) {
 		t.Fatalf("tickets = %d", n)
 	}
 }
-

@@ -1,0 +1,188 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestEndpointsAndJobs(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	ran := make(chan struct{}, 10)
+	var ready atomic.Bool
+	d, err := New(Config{
+		Listen:     "127.0.0.1:0",
+		Registry:   reg,
+		RunAtStart: true,
+		Ready: func(context.Context) error {
+			if !ready.Load() {
+				return errors.New("database unreachable")
+			}
+			return nil
+		},
+		Jobs: []Job{
+			{Name: "ok", Spec: "@every 1h", Run: func(context.Context) error { ran <- struct{}{}; return nil }},
+			{Name: "fails", Spec: "@every 1h", Run: func(context.Context) error { ran <- struct{}{}; return errors.New("boom") }},
+			{Name: "panics", Spec: "@every 1h", Run: func(context.Context) error { ran <- struct{}{}; panic("bug") }},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	for range 3 {
+		<-ran
+	}
+	base := "http://" + d.Addr()
+	if code, body := get(t, base+"/healthz"); code != 200 || body != "ok\n" {
+		t.Fatalf("healthz %d %q", code, body)
+	}
+	if code, body := get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "database unreachable") {
+		t.Fatalf("readyz %d %q", code, body)
+	}
+	ready.Store(true)
+	if code, _ := get(t, base+"/readyz"); code != 200 {
+		t.Fatalf("readyz after ready: %d", code)
+	}
+	// Poll until the run results are counted (they are recorded after Run
+	// returns).
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(d.metrics.runs.WithLabelValues("panics", "error")) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("panicking job not counted as error")
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval
+	}
+	if got := testutil.ToFloat64(d.metrics.runs.WithLabelValues("ok", "ok")); got != 1 {
+		t.Fatalf("ok runs = %v", got)
+	}
+	if got := testutil.ToFloat64(d.metrics.runs.WithLabelValues("fails", "error")); got != 1 {
+		t.Fatalf("failed runs = %v", got)
+	}
+	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, `ledgerkeeper_job_runs_total{job="ok",result="ok"} 1`) {
+		t.Fatalf("metrics %d:\n%s", code, body)
+	}
+}
+
+func TestJobNeverOverlapsItself(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 10)
+	var running, maxRunning atomic.Int32
+	d, err := New(Config{Jobs: []Job{{Name: "slow", Spec: "@every 1s", Run: func(ctx context.Context) error {
+		n := running.Add(1)
+		for {
+			m := maxRunning.Load()
+			if n <= m || maxRunning.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		running.Add(-1)
+		return nil
+	}}}, RunAtStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	// Wait for at least one scheduled tick to be skipped while it runs.
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(d.metrics.skipped.WithLabelValues("slow")) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("no tick skipped")
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+	close(release)
+	d.Stop()
+	if maxRunning.Load() != 1 {
+		t.Fatalf("job overlapped itself: %d at once", maxRunning.Load())
+	}
+}
+
+func TestStopCancelsRunningJobs(t *testing.T) {
+	started := make(chan struct{})
+	var sawCancel atomic.Bool
+	d, err := New(Config{Jobs: []Job{{Name: "long", Spec: "@every 1h", Run: func(ctx context.Context) error {
+		close(started)
+		<-ctx.Done()
+		sawCancel.Store(true)
+		return ctx.Err()
+	}}}, RunAtStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	d.Stop()
+	if !sawCancel.Load() {
+		t.Fatal("Stop returned before the running job saw its cancellation")
+	}
+}
+
+func TestStartStopStress(t *testing.T) {
+	for range 50 {
+		d, err := New(Config{Listen: "127.0.0.1:0", Jobs: []Job{{Name: "j", Spec: "@every 1s", Run: func(context.Context) error { return nil }}}, RunAtStart: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Stop() // before Start: a no-op
+		if err := d.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Start(context.Background()); err == nil {
+			t.Fatal("second Start accepted")
+		}
+		d.Stop()
+		d.Stop()
+	}
+}
+
+func TestBadSpecAndBusyPort(t *testing.T) {
+	if _, err := New(Config{Jobs: []Job{{Name: "x", Spec: "every hour"}}}); err == nil || !strings.Contains(err.Error(), "bad cron spec") {
+		t.Fatalf("err = %v", err)
+	}
+	a, _ := New(Config{Listen: "127.0.0.1:0"})
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer a.Stop()
+	b, _ := New(Config{Listen: a.Addr()})
+	if err := b.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "listen on") {
+		t.Fatalf("busy port: %v", err)
+	}
+	b.Stop()
+}

@@ -1,0 +1,118 @@
+package daemon
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+)
+
+// LedgerMetrics are gauges of the ledger's state, refreshed by the daemon's
+// observe job (not at scrape time: a scrape must never wait on the
+// database).
+type LedgerMetrics struct {
+	stuck       *prometheus.GaugeVec
+	inFlight    *prometheus.GaugeVec
+	oldestStuck *prometheus.GaugeVec
+	p99         *prometheus.GaugeVec
+	held        prometheus.Gauge
+	up          prometheus.Gauge
+
+	mu       sync.Mutex
+	lastP99  time.Time
+	seenTool map[string]bool
+}
+
+// p99Every spaces the processing-time measurement, which reads recent rows.
+const p99Every = 5 * time.Minute
+
+// NewLedgerMetrics registers the gauges with reg.
+func NewLedgerMetrics(reg prometheus.Registerer) *LedgerMetrics {
+	m := &LedgerMetrics{
+		stuck: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ledgerkeeper_keys_stuck",
+			Help: "Processing keys past their tool's window + grace without a fresh heartbeat.",
+		}, []string{"tool"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ledgerkeeper_keys_in_flight",
+			Help: "Processing keys inside their window or heartbeating.",
+		}, []string{"tool"}),
+		oldestStuck: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ledgerkeeper_keys_oldest_stuck_age_seconds",
+			Help: "Age (since claimed_at) of the oldest stuck key; 0 when none.",
+		}, []string{"tool"}),
+		p99: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ledgerkeeper_processing_p99_seconds",
+			Help: "Observed p99 processing time of keys the tool side completed in the last hour.",
+		}, []string{"tool"}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ledgerkeeper_keys_held",
+			Help: "Keys on hold.",
+		}),
+		up: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ledgerkeeper_ledger_up",
+			Help: "1 if the last observation of the ledger succeeded.",
+		}),
+		seenTool: map[string]bool{},
+	}
+	reg.MustRegister(m.stuck, m.inFlight, m.oldestStuck, m.p99, m.held, m.up)
+	return m
+}
+
+// Update refreshes the gauges. Configured tools always have a series (0
+// when nothing is stuck), so alert rules see a value, not an absence.
+func (m *LedgerMetrics) Update(ctx context.Context, db ledger.DBTX, windows ledger.Windows, configured []string) error {
+	err := m.update(ctx, db, windows, configured)
+	if err != nil {
+		m.up.Set(0)
+	} else {
+		m.up.Set(1)
+	}
+	return err
+}
+
+func (m *LedgerMetrics) update(ctx context.Context, db ledger.DBTX, windows ledger.Windows, configured []string) error {
+	stats, err := ledger.StuckStats(ctx, db, windows)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, t := range configured {
+		m.seenTool[t] = true
+	}
+	present := map[string]bool{}
+	for _, s := range stats {
+		present[s.Tool] = true
+		m.seenTool[s.Tool] = true
+		m.stuck.WithLabelValues(s.Tool).Set(float64(s.Stuck))
+		m.inFlight.WithLabelValues(s.Tool).Set(float64(s.InWindow))
+		m.oldestStuck.WithLabelValues(s.Tool).Set(s.OldestStuckAgeSeconds)
+	}
+	for t := range m.seenTool {
+		if !present[t] {
+			m.stuck.WithLabelValues(t).Set(0)
+			m.inFlight.WithLabelValues(t).Set(0)
+			m.oldestStuck.WithLabelValues(t).Set(0)
+		}
+	}
+	holds, err := ledger.ListHolds(ctx, db)
+	if err != nil {
+		return err
+	}
+	m.held.Set(float64(len(holds)))
+	if time.Since(m.lastP99) >= p99Every {
+		lat, err := ledger.ProcessingP99(ctx, db, time.Hour)
+		if err != nil {
+			return err
+		}
+		for _, l := range lat {
+			m.p99.WithLabelValues(l.Tool).Set(l.P99Seconds)
+		}
+		m.lastP99 = time.Now()
+	}
+	return nil
+}

@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
+	"github.com/ledgerkeeper/ledgerkeeper/probes"
+	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+)
+
+// BuildProbes builds every configured tool's probe. Probes of type "go"
+// come from registry (nil: none). The returned closer releases the probes'
+// resources (sql probes' pools). A probe that cannot be built is a
+// configuration error naming the tool.
+func BuildProbes(ctx context.Context, cfg *config.Config, registry *probes.Registry) (map[string]probes.Probe, io.Closer, error) {
+	out := map[string]probes.Probe{}
+	var closers closerList
+	for _, name := range cfg.ToolNames() {
+		pc := cfg.Tools[name].Probe
+		if pc == nil {
+			if registry != nil {
+				if p, ok := registry.Lookup(name); ok {
+					out[name] = probes.Guard(p, config.DefaultProbeTimeout)
+				}
+			}
+			continue
+		}
+		var p probes.Probe
+		switch pc.Type {
+		case "http":
+			headers := map[string]string{}
+			for k, v := range pc.Headers {
+				headers[k] = v.Reveal()
+			}
+			hp, err := probes.NewHTTP(probes.HTTPConfig{
+				URL: pc.URL, Method: pc.Method, Headers: headers, Timeout: pc.Timeout.D(), Match: pc.Match,
+				ResponseCode: pc.ResponseCode, ResponseBody: pc.ResponseBody, MaxBodyBytes: pc.MaxBodyBytes,
+			})
+			if err != nil {
+				closers.Close()
+				return nil, nil, cfg.ErrorAt("tools."+name+".probe", "%v", err)
+			}
+			closers = append(closers, hp)
+			p = hp
+		case "sql":
+			sp, err := probes.NewSQL(ctx, probes.SQLConfig{
+				DatabaseURL: pc.DatabaseURL.Reveal(), Query: pc.Query, Args: pc.Args, Timeout: pc.Timeout.D(),
+				ResponseCode: pc.ResponseCode, ResponseBody: pc.ResponseBody,
+			})
+			if err != nil {
+				closers.Close()
+				return nil, nil, cfg.ErrorAt("tools."+name+".probe", "%v", err)
+			}
+			closers = append(closers, sp)
+			p = sp
+		case "go":
+			var ok bool
+			if registry != nil {
+				p, ok = registry.Lookup(name)
+			}
+			if !ok {
+				closers.Close()
+				return nil, nil, cfg.ErrorAt("tools."+name+".probe.type", "probe type go, but no Go probe is registered for tool %q in this binary", name)
+			}
+		default:
+			closers.Close()
+			return nil, nil, cfg.ErrorAt("tools."+name+".probe.type", "unknown probe type %q", pc.Type)
+		}
+		// Guard: a deadline, panics and garbage become unknown.
+		out[name] = probes.Guard(p, pc.Timeout.D())
+	}
+	return out, closers, nil
+}
+
+type closerList []io.Closer
+
+func (c closerList) Close() error {
+	for _, x := range c {
+		_ = x.Close()
+	}
+	return nil
+}
+
+// EngineConfig turns the configuration into the engine's.
+func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor string) reconcile.Config {
+	tools := map[string]reconcile.Policy{}
+	for _, name := range cfg.ToolNames() {
+		pol := cfg.Policy(name)
+		tools[name] = reconcile.Policy{
+			ProcessingWindow:      pol.ProcessingWindow,
+			HeartbeatTimeout:      pol.HeartbeatTimeout,
+			DownstreamDedupWindow: pol.DownstreamDedupWindow,
+			Concurrency:           pol.Concurrency,
+			Probe:                 built[name],
+		}
+	}
+	r := cfg.Reconcile
+	return reconcile.Config{
+		Actor: actor,
+		Tools: tools,
+		Default: reconcile.Policy{
+			ProcessingWindow: cfg.Defaults.ProcessingWindow.D(),
+			HeartbeatTimeout: cfg.Defaults.HeartbeatTimeout.D(),
+		},
+		Grace:                r.Grace.D(),
+		BatchSize:            r.BatchSize,
+		Concurrency:          r.Concurrency,
+		Lease:                r.Lease.D(),
+		AlertAfterAttempts:   r.AlertAfterAttempts,
+		AlertAfterAge:        r.AlertAfterAge.D(),
+		ConfirmNotFoundAfter: r.ConfirmNotFoundAfter.D(),
+		BackoffBase:          r.BackoffBase.D(),
+		BackoffMax:           r.BackoffMax.D(),
+		BreakerFailures:      r.Breaker.Failures,
+		BreakerCooldown:      r.Breaker.Cooldown.D(),
+		BreakerMaxCooldown:   r.Breaker.MaxCooldown.D(),
+		RenotifyAfter:        cfg.Alerts.RenotifyAfter.D(),
+	}
+}
+
+// BuildEngine builds the reconcile engine and its probes from cfg.
+func BuildEngine(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, registry *probes.Registry, actor string, logger *slog.Logger, metrics *reconcile.Metrics) (*reconcile.Engine, io.Closer, error) {
+	built, closer, err := BuildProbes(ctx, cfg, registry)
+	if err != nil {
+		return nil, nil, err
+	}
+	return reconcile.New(EngineConfig(cfg, built, actor), pool, logger, metrics), closer, nil
+}
+
+// ReplicaID names this process in audit rows and leases: $LEDGERKEEPER_REPLICA_ID,
+// else $POD_NAME / $HOSTNAME, else the host name, plus the pid.
+func ReplicaID() string {
+	if id := os.Getenv("LEDGERKEEPER_REPLICA_ID"); id != "" {
+		return id
+	}
+	host := os.Getenv("POD_NAME")
+	if host == "" {
+		host, _ = os.Hostname()
+	}
+	return fmt.Sprintf("%s:%d", host, os.Getpid())
+}
