@@ -691,3 +691,66 @@ func TestGarbageProbeLeavesKeyProcessing(t *testing.T) {
 		t.Fatalf("processing = %d", n)
 	}
 }
+
+// The database goes away while probes are in flight: nothing is half
+// written, the pass reports the failure, and once the database is back the
+// next pass (after the leases lapse) resolves every key.
+func TestDatabaseGoesAwayMidPass(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ds := newDownstream(t)
+	gate := make(chan struct{})
+	ds.gate = gate
+	ds.entered = make(chan string, 10)
+	stuck(t, db, "create_ticket", time.Minute, "a", "b")
+	ds.addTicket("a", "T-a")
+	probe := ds.probe(t)
+	pool := newPool(t, db.URL, 4)
+	e := engine(t, pool, reconcile.Config{Lease: 2 * time.Second, Concurrency: 2,
+		Tools: map[string]reconcile.Policy{"create_ticket": {ProcessingWindow: time.Second, Probe: probe}}})
+	done := make(chan reconcile.Report)
+	go func() {
+		r, _ := e.Run(bg, reconcile.Options{})
+		done <- r
+	}()
+	admin := newPool(t, strings.Replace(db.URL, "/"+db.Name, "/postgres", 1), 1)
+	<-ds.entered
+	<-ds.entered
+	// Take the database away: no new connections, existing ones killed.
+	if _, err := admin.Exec(bg, `ALTER DATABASE `+db.Name+` ALLOW_CONNECTIONS false`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(bg, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, db.Name); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	rep := <-done
+	if rep.Actions["write_failed"] != 2 {
+		t.Fatalf("actions = %+v, want 2 write_failed", rep.Actions)
+	}
+	// Back: the pools drop their dead connections and reconnect.
+	if _, err := admin.Exec(bg, `ALTER DATABASE `+db.Name+` ALLOW_CONNECTIONS true`); err != nil {
+		t.Fatal(err)
+	}
+	db.Pool.Reset()
+	if n := db.Count(t, "reconcile_audit"); n != 0 {
+		t.Fatalf("audit rows = %d: a failed decision was half written", n)
+	}
+	if n := db.Count(t, "idempotency_keys WHERE status = 'processing'"); n != 2 {
+		t.Fatalf("processing = %d", n)
+	}
+	ds.mu.Lock()
+	ds.gate, ds.entered = nil, nil
+	ds.mu.Unlock()
+	deadline := time.Now().Add(15 * time.Second)
+	for db.Count(t, "idempotency_keys WHERE status = 'processing'") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("keys not resolved after the database came back")
+		}
+		_, _ = e.Run(bg, reconcile.Options{})
+		time.Sleep(100 * time.Millisecond) // polling interval while leases lapse
+	}
+	if r := row(t, db, "a"); r.Status != ledger.StatusCompleted {
+		t.Fatalf("a = %+v", r)
+	}
+}
