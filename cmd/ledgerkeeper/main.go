@@ -76,6 +76,7 @@ keys, and alerts on Slack for everything it cannot resolve.`,
 	root.AddCommand(
 		newMigrateCmd(a),
 		newConfigCmd(a),
+		newPurgeCmd(a),
 	)
 	return root
 }

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgembed"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+)
+
+// server is where a benchmark's databases live.
+type server struct {
+	adminURL string
+	stop     func()
+}
+
+// benchSettings make the ephemeral cluster a small but plausible server:
+// fsync on (Durable), shared_buffers sized for a 2M-row ledger, WAL allowed
+// to grow past one large DELETE so checkpoints do not land mid-measurement
+// more for one variant than another.
+var benchSettings = map[string]string{
+	"shared_buffers":              "512MB",
+	"max_wal_size":                "4GB",
+	"checkpoint_timeout":          "15min",
+	"log_min_messages":            "warning",
+	"log_autovacuum_min_duration": "-1",
+}
+
+// startServer uses url, or starts an ephemeral durable cluster.
+func startServer(ctx context.Context, url string, logf func(string, ...any)) (*server, error) {
+	if url != "" {
+		return &server{adminURL: url, stop: func() {}}, nil
+	}
+	logf("starting an ephemeral durable PostgreSQL cluster (fsync on)")
+	srv, err := pgembed.Start(ctx, pgembed.Options{Durable: true, Settings: benchSettings, StartTimeout: 2 * time.Minute})
+	if err != nil {
+		return nil, err
+	}
+	return &server{adminURL: srv.URL, stop: srv.Stop}, nil
+}
+
+func (s *server) exec(ctx context.Context, sql string) error {
+	conn, err := pgx.Connect(ctx, s.adminURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// createDB creates name, from template when it is not "".
+func (s *server) createDB(ctx context.Context, name, template string) (string, error) {
+	_ = s.exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	q := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		// FILE_COPY: a file-level copy, not 1 GB of WAL (PostgreSQL 15+).
+		q += " TEMPLATE " + pgx.Identifier{template}.Sanitize() + " STRATEGY FILE_COPY"
+	}
+	if err := s.exec(ctx, q); err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	return pgtest.WithDatabase(s.adminURL, name), nil
+}
+
+func (s *server) dropDB(ctx context.Context, name string) {
+	_ = s.exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+}
+
+func newPool(ctx context.Context, url string, maxConns int32, app string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = maxConns
+	pc.MinConns = maxConns
+	pc.ConnConfig.RuntimeParams["application_name"] = app
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+func walLSN(ctx context.Context, db *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint`).Scan(&n)
+	return n, err
+}
+
+// sample is one request of an open-loop load: when it was scheduled and how
+// long after that it finished (queueing included).
+type sample struct {
+	sched time.Time
+	lat   time.Duration
+	err   bool
+}
+
+// openLoop runs op at a fixed arrival rate, whatever the latency: request i
+// is due at start + i/rate, and its latency counts from then, so a stall
+// shows in every request it delays (no coordinated omission).
+type openLoop struct {
+	rate    float64
+	workers int
+	op      func(ctx context.Context, i int64) error
+
+	mu      sync.Mutex
+	samples []sample
+}
+
+// run generates load until ctx is done, then waits for the requests already
+// due to finish.
+func (l *openLoop) run(ctx context.Context) {
+	due := make(chan struct {
+		i     int64
+		sched time.Time
+	}, 1<<20)
+	var wg sync.WaitGroup
+	opCtx := context.WithoutCancel(ctx)
+	for range l.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range due {
+				err := l.op(opCtx, r.i)
+				lat := time.Since(r.sched)
+				l.mu.Lock()
+				l.samples = append(l.samples, sample{sched: r.sched, lat: lat, err: err != nil})
+				l.mu.Unlock()
+			}
+		}()
+	}
+	interval := time.Duration(float64(time.Second) / l.rate)
+	start := time.Now()
+	for i := int64(0); ; i++ {
+		sched := start.Add(time.Duration(i) * interval)
+		if d := time.Until(sched); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				close(due)
+				wg.Wait()
+				return
+			case <-t.C:
+			}
+		} else if ctx.Err() != nil {
+			close(due)
+			wg.Wait()
+			return
+		}
+		due <- struct {
+			i     int64
+			sched time.Time
+		}{i, sched}
+	}
+}
+
+// latency summarises the requests scheduled in [from, to).
+type latency struct {
+	N      int     `json:"n"`
+	Errors int     `json:"errors"`
+	P50ms  float64 `json:"p50_ms"`
+	P99ms  float64 `json:"p99_ms"`
+	MaxMs  float64 `json:"max_ms"`
+}
+
+func (l *openLoop) window(from, to time.Time) latency {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var lats []time.Duration
+	var out latency
+	for _, s := range l.samples {
+		if s.sched.Before(from) || !s.sched.Before(to) {
+			continue
+		}
+		if s.err {
+			out.Errors++
+		}
+		lats = append(lats, s.lat)
+	}
+	out.N = len(lats)
+	if out.N == 0 {
+		return out
+	}
+	slices.Sort(lats)
+	q := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(lats)))) - 1
+		return ms(lats[max(0, min(i, len(lats)-1))])
+	}
+	out.P50ms, out.P99ms, out.MaxMs = q(0.50), q(0.99), ms(lats[len(lats)-1])
+	return out
+}
+
+func ms(d time.Duration) float64 { return math.Round(float64(d)/1e4) / 100 }
+
+func logger(w io.Writer) func(string, ...any) {
+	start := time.Now()
+	return func(format string, args ...any) {
+		fmt.Fprintf(w, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+}

@@ -1,0 +1,60 @@
+// Command lkbench measures ledgerkeeper against a real PostgreSQL, one
+// subcommand per concern:
+//
+//	lkbench purge [flags]   purge variants side by side under a fixed-rate writer
+//
+// Each subcommand runs against an ephemeral durable cluster started from the
+// local PostgreSQL binaries (fsync on, so WAL and commit costs are real), or
+// against --database-url (a server where the user may create databases).
+// Results go to stdout as a table (and --json FILE); progress to stderr.
+// BENCHMARKS.md records the runs and the commands that reproduce them.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+)
+
+// subcommands maps a name to its entry point; each parses its own flags.
+var subcommands = map[string]struct {
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}{
+	"purge": {"purge variants side by side under a fixed-rate claim+complete writer", runPurge},
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	sc, ok := subcommands[os.Args[1]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "lkbench: unknown subcommand %q\n", os.Args[1])
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	if err := sc.run(ctx, os.Args[2:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "lkbench %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: lkbench SUBCOMMAND [flags]   (lkbench SUBCOMMAND -h for its flags)")
+	names := make([]string, 0, len(subcommands))
+	for n := range subcommands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, subcommands[n].summary)
+	}
+}

@@ -1,0 +1,349 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerkeeper/ledgerkeeper/expiry"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/migrations"
+)
+
+// purgeVariants are the ways of deleting the expired half of the ledger that
+// the benchmark compares. The first two are the shapes DESIGN.md warns
+// against, written here on purpose; ledgerkeeper's own is package expiry.
+var purgeVariants = map[string]func(ctx context.Context, db *pgxpool.Pool, cfg expiry.Config) (int64, error){
+	"none": nil,
+	// One statement for everything.
+	"delete": func(ctx context.Context, db *pgxpool.Pool, _ expiry.Config) (int64, error) {
+		tag, err := db.Exec(ctx, `DELETE FROM idempotency_keys
+			WHERE expires_at < now() AND status IN ('completed', 'failed_retryable')`)
+		return tag.RowsAffected(), err
+	},
+	// River's job cleaner shape: a key sub-select of 5,000, in a loop,
+	// without a pause.
+	"river": func(ctx context.Context, db *pgxpool.Pool, _ expiry.Config) (int64, error) {
+		var total int64
+		for {
+			tag, err := db.Exec(ctx, `DELETE FROM idempotency_keys WHERE key IN (
+				SELECT key FROM idempotency_keys
+				WHERE expires_at < now() AND status IN ('completed', 'failed_retryable') LIMIT 5000)`)
+			if err != nil {
+				return total, err
+			}
+			total += tag.RowsAffected()
+			if tag.RowsAffected() == 0 {
+				return total, nil
+			}
+		}
+	},
+	"ledgerkeeper": func(ctx context.Context, db *pgxpool.Pool, cfg expiry.Config) (int64, error) {
+		rep, err := expiry.New(cfg, db, slog.New(slog.DiscardHandler), nil).RunOnce(ctx)
+		return rep.KeysDeleted, err
+	},
+}
+
+type purgeResult struct {
+	Variant        string  `json:"variant"`
+	Rows           int64   `json:"rows_purged"`
+	Seconds        float64 `json:"purge_seconds"`
+	RowsPerSecond  float64 `json:"rows_per_second"`
+	WALBytesPerRow float64 `json:"wal_bytes_per_row"`
+	During         latency `json:"writer_during"`
+	After          latency `json:"writer_after"`
+}
+
+func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("lkbench purge", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		dbURL     = fs.String("database-url", "", "PostgreSQL server to use (the user must be able to create databases); default: an ephemeral durable cluster")
+		scale     = fs.Float64("scale", 1, "fraction of the full size: 2,000,000 keys, half expired (0.05 for a smoke run)")
+		rate      = fs.Float64("rate", 1000, "writer arrival rate, claim+complete requests per second")
+		workers   = fs.Int("workers", 32, "writer connections (requests beyond them queue, and their wait counts)")
+		warmup    = fs.Duration("warmup", 5*time.Second, "writer warm-up before each measurement (also measures the writer's own WAL rate)")
+		baseline  = fs.Duration("baseline", 30*time.Second, "measurement window of the no-purge variant")
+		after     = fs.Duration("after", 15*time.Second, "measurement window after each purge ends")
+		variants  = fs.String("variants", "none,delete,river,ledgerkeeper", "variants to run, in order")
+		jsonOut   = fs.String("json", "", "also write the results to this file as JSON")
+		batchSize = fs.Int("batch-size", 0, "ledgerkeeper: retention.batch_size (0: the default)")
+		duty      = fs.Float64("duty-cycle", 0, "ledgerkeeper: retention.duty_cycle (0: the default)")
+		target    = fs.Duration("batch-target", 0, "ledgerkeeper: retention.batch_target (0: the default)")
+		pause     = fs.Duration("batch-pause", 0, "ledgerkeeper: retention.batch_pause (0: the default)")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *scale <= 0 || *scale > 1 || *rate <= 0 || *workers <= 0 {
+		return fmt.Errorf("--scale must be in (0, 1], --rate and --workers positive")
+	}
+	logf := logger(stderr)
+	lkCfg := expiry.Config{
+		MinAge:      config.DefaultRetentionMinAge,
+		BatchSize:   cmpOr(*batchSize, config.DefaultRetentionBatchSize),
+		BatchPause:  cmpOr(*pause, config.DefaultRetentionBatchPause),
+		DutyCycle:   cmpOr(*duty, config.DefaultRetentionDutyCycle),
+		BatchTarget: cmpOr(*target, config.DefaultRetentionBatchTarget),
+		MaxDuration: time.Hour, // the benchmark measures a whole purge
+		Actor:       "lkbench",
+	}
+	names := strings.Split(*variants, ",")
+	for _, n := range names {
+		if _, ok := purgeVariants[n]; !ok {
+			return fmt.Errorf("unknown variant %q (want none, delete, river, ledgerkeeper)", n)
+		}
+	}
+
+	srv, err := startServer(ctx, *dbURL, logf)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+
+	keys := int64(2_000_000 * *scale)
+	const base = "lkbench_purge_base"
+	if err := buildBase(ctx, srv, base, keys, logf); err != nil {
+		return err
+	}
+	defer srv.dropDB(context.WithoutCancel(ctx), base)
+
+	var results []purgeResult
+	for _, name := range names {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r, err := runVariant(ctx, srv, base, name, lkCfg, *rate, *workers, *warmup, *baseline, *after, logf)
+		if err != nil {
+			return fmt.Errorf("variant %s: %w", name, err)
+		}
+		results = append(results, r)
+	}
+
+	fmt.Fprintf(stdout, "keys %d (%d expired), writer %.0f claim+complete/s, %d workers; ledgerkeeper: batch_size %d, duty_cycle %.2f, batch_target %s, batch_pause %s\n\n",
+		keys, keys/2, *rate, *workers, lkCfg.BatchSize, lkCfg.DutyCycle, lkCfg.BatchTarget, lkCfg.BatchPause)
+	printPurgeResults(stdout, results)
+	if *jsonOut != "" {
+		b, _ := json.MarshalIndent(map[string]any{
+			"keys": keys, "rate": *rate, "workers": *workers, "scale": *scale,
+			"ledgerkeeper": map[string]any{"batch_size": lkCfg.BatchSize, "duty_cycle": lkCfg.DutyCycle,
+				"batch_target": lkCfg.BatchTarget.String(), "batch_pause": lkCfg.BatchPause.String()},
+			"results": results,
+		}, "", "  ")
+		if err := os.WriteFile(*jsonOut, b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// buildBase creates the template every variant copies: the schema and
+// `keys` keys, created uniformly over the last 40 days with a 20-day TTL,
+// so the older half is expired (and far past the 24h floor). The newer half
+// expires a day later than that, so nothing crosses over during the run.
+// Rows are inserted oldest first, as a real ledger fills.
+func buildBase(ctx context.Context, srv *server, name string, keys int64, logf func(string, ...any)) error {
+	url, err := srv.createDB(ctx, name, "")
+	if err != nil {
+		return err
+	}
+	db, err := newPool(ctx, url, 2, "lkbench")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := migrations.Up(ctx, db, nil); err != nil {
+		return err
+	}
+	logf("loading %d keys", keys)
+	t0 := time.Now()
+	_, err = db.Exec(ctx, `INSERT INTO idempotency_keys (key, tool, request_hash, request_body, status,
+		response_code, response_body, created_at, claimed_at, updated_at, expires_at)
+	SELECT 'wf-' || i || ':step-' || (i % 7) || ':' || t.tool, t.tool,
+	       md5(i::text) || md5((-i)::text),
+	       jsonb_build_object('customer_id', 'cus_' || (i % 100000), 'amount_cents', i % 100000, 'summary', 'bench ticket ' || i),
+	       CASE WHEN i % 200000 = 1 THEN 'processing' WHEN i % 97 = 0 THEN 'failed_retryable' ELSE 'completed' END,
+	       CASE WHEN i % 97 = 0 OR i % 200000 = 1 THEN NULL ELSE 201 END,
+	       CASE WHEN i % 97 = 0 OR i % 200000 = 1 THEN NULL
+	            ELSE jsonb_build_object('ticket_id', 'T-' || i, 'url', 'https://tickets.example/T-' || i) END,
+	       t.c, t.c, t.c + interval '2 seconds',
+	       t.c + interval '20 days' + CASE WHEN i > $1 / 2 THEN interval '1 day' ELSE interval '0' END
+	FROM generate_series(1, $1::bigint) i,
+	     LATERAL (SELECT (ARRAY['create_ticket', 'charge_card', 'send_email', 'update_crm'])[1 + i % 4] AS tool,
+	                     now() - interval '40 days' + (i - 0.5) * (interval '40 days' / $1::bigint) AS c) t`, keys)
+	if err != nil {
+		return fmt.Errorf("load: %w", err)
+	}
+	logf("loaded in %s; vacuum, analyze", time.Since(t0).Round(time.Second))
+	// Settled pages (hint bits, visibility map), as an old ledger's are.
+	if _, err := db.Exec(ctx, `VACUUM (ANALYZE) idempotency_keys`); err != nil {
+		return err
+	}
+	return nil
+}
+
+func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expiry.Config, rate float64, workers int,
+	warmup, baseline, after time.Duration, logf func(string, ...any)) (purgeResult, error) {
+	res := purgeResult{Variant: name}
+	dbName := "lkbench_purge_" + name
+	url, err := srv.createDB(ctx, dbName, base)
+	if err != nil {
+		return res, err
+	}
+	defer srv.dropDB(context.WithoutCancel(ctx), dbName)
+	writerPool, err := newPool(ctx, url, int32(workers), "lkbench-writer")
+	if err != nil {
+		return res, err
+	}
+	defer writerPool.Close()
+	purgePool, err := newPool(ctx, url, 4, "lkbench-purge")
+	if err != nil {
+		return res, err
+	}
+	defer purgePool.Close()
+	// Same starting point for every variant: the table read once (OS
+	// cache), and a checkpoint (full-page images start afresh).
+	if _, err := purgePool.Exec(ctx, `SELECT count(*) FROM idempotency_keys`); err != nil {
+		return res, err
+	}
+	if _, err := purgePool.Exec(ctx, `CHECKPOINT`); err != nil {
+		return res, err
+	}
+
+	hash := strings.Repeat("ab", 32)
+	body := json.RawMessage(`{"customer_id":"cus_1","amount_cents":1200,"summary":"bench"}`)
+	loop := &openLoop{rate: rate, workers: workers, op: func(ctx context.Context, i int64) error {
+		key := fmt.Sprintf("bench-%s-%d", name, i)
+		r, err := ledger.Claim(ctx, writerPool, ledger.ClaimParams{Key: key, Tool: "bench_writer", RequestHash: hash, RequestBody: body})
+		if err != nil {
+			return err
+		}
+		return ledger.Complete(ctx, writerPool, key, r.Row.ClaimedAt, 201, json.RawMessage(fmt.Sprintf(`{"ticket_id":"T-%d"}`, i)))
+	}}
+	loopCtx, stopLoop := context.WithCancel(ctx)
+	loopDone := make(chan struct{})
+	go func() { loop.run(loopCtx); close(loopDone) }()
+	defer func() { stopLoop(); <-loopDone }()
+
+	logf("%s: writer warming up", name)
+	lsnW0, err := walLSN(ctx, purgePool)
+	if err != nil {
+		return res, err
+	}
+	if err := sleepCtx(ctx, warmup); err != nil {
+		return res, err
+	}
+	lsnW1, err := walLSN(ctx, purgePool)
+	if err != nil {
+		return res, err
+	}
+	writerWALPerSec := float64(lsnW1-lsnW0) / warmup.Seconds()
+
+	purge := purgeVariants[name]
+	t0 := time.Now()
+	if purge == nil {
+		logf("%s: measuring the writer alone for %s", name, baseline)
+		if err := sleepCtx(ctx, baseline); err != nil {
+			return res, err
+		}
+	} else {
+		logf("%s: purging", name)
+		lsn0, err := walLSN(ctx, purgePool)
+		if err != nil {
+			return res, err
+		}
+		res.Rows, err = purge(ctx, purgePool, lkCfg)
+		if err != nil {
+			return res, err
+		}
+		lsn1, err := walLSN(ctx, purgePool)
+		if err != nil {
+			return res, err
+		}
+		d := time.Since(t0)
+		res.Seconds = round2(d.Seconds())
+		if res.Rows > 0 {
+			res.RowsPerSecond = float64(int64(float64(res.Rows) / d.Seconds()))
+			// The writer's own WAL, at its warm-up rate, is not the purge's.
+			res.WALBytesPerRow = float64(int64((float64(lsn1-lsn0) - writerWALPerSec*d.Seconds()) / float64(res.Rows)))
+		}
+		logf("%s: purged %d rows in %s", name, res.Rows, d.Round(time.Millisecond))
+	}
+	t1 := time.Now()
+	logf("%s: measuring the %s after", name, after)
+	if err := sleepCtx(ctx, after); err != nil {
+		return res, err
+	}
+	t2 := time.Now()
+	stopLoop()
+	<-loopDone
+	res.During = loop.window(t0, t1)
+	res.After = loop.window(t1, t2)
+	logf("%s: writer during p50 %.2fms p99 %.2fms max %.2fms; after p50 %.2fms p99 %.2fms max %.2fms",
+		name, res.During.P50ms, res.During.P99ms, res.During.MaxMs, res.After.P50ms, res.After.P99ms, res.After.MaxMs)
+	return res, nil
+}
+
+func printPurgeResults(w io.Writer, results []purgeResult) {
+	var base *latency
+	for _, r := range results {
+		if r.Variant == "none" {
+			base = &r.During
+		}
+	}
+	ratio := func(v, b float64) string {
+		if base == nil || b == 0 {
+			return ""
+		}
+		return fmt.Sprintf(" (%.2fx)", v/b)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "variant\trows\tseconds\trows/s\tWAL B/row\twriter during: p50\tp99\tmax\tafter 15s: p50\tp99\tmax")
+	for _, r := range results {
+		var b50, b99 float64
+		if base != nil {
+			b50, b99 = base.P50ms, base.P99ms
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.0f\t%.0f\t%.2f ms%s\t%.2f ms%s\t%.1f ms\t%.2f ms%s\t%.2f ms%s\t%.1f ms\n",
+			r.Variant, r.Rows, r.Seconds, r.RowsPerSecond, r.WALBytesPerRow,
+			r.During.P50ms, ratio(r.During.P50ms, b50), r.During.P99ms, ratio(r.During.P99ms, b99), r.During.MaxMs,
+			r.After.P50ms, ratio(r.After.P50ms, b50), r.After.P99ms, ratio(r.After.P99ms, b99), r.After.MaxMs)
+	}
+	tw.Flush()
+	for _, r := range results {
+		if r.During.Errors+r.After.Errors > 0 {
+			fmt.Fprintf(w, "%s: %d writer requests failed\n", r.Variant, r.During.Errors+r.After.Errors)
+		}
+	}
+}
+
+func round2(f float64) float64 { return float64(int64(f*100)) / 100 }
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

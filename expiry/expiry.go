@@ -1,0 +1,597 @@
+package expiry
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+)
+
+// Defaults for Config's zero values. The pacing defaults come from the
+// measurement in BENCHMARKS.md; internal/config's DefaultRetention* constants
+// carry the same values (a test keeps them equal).
+const (
+	DefaultMinAge           = 24 * time.Hour
+	DefaultBatchSize        = 1000
+	DefaultBatchPause       = 50 * time.Millisecond
+	DefaultMaxDuration      = 10 * time.Minute
+	DefaultDutyCycle        = 0.10
+	DefaultBatchTarget      = 15 * time.Millisecond
+	DefaultBatchTimeout     = 5 * time.Second
+	DefaultAuditMaxAge      = 30 * 24 * time.Hour
+	DefaultRenotifyAfter    = 4 * time.Hour
+	DefaultMaxAlertsPerPass = 100
+	DefaultActor            = "ledgerkeeper"
+)
+
+// alertPage is how many expired processing keys one alert transaction
+// handles.
+const alertPage = 100
+
+// maxConsecutiveTimeouts ends a pass whose batches keep timing out even at
+// the smallest size: something else is wrong (a lock held for minutes, a
+// dying disk) and a human should look.
+const maxConsecutiveTimeouts = 5
+
+// Config configures a Purger. Every zero value means its default.
+type Config struct {
+	// MinAge is the retention floor: a key younger than this (by
+	// created_at) is never purged, whatever its expires_at. Default 24h.
+	MinAge time.Duration
+	// ToolMinAge overrides MinAge per tool (retention.tools.<tool>.min_age).
+	// Zero or negative entries are ignored. Default none.
+	ToolMinAge map[string]time.Duration
+	// BatchSize is the most rows one batch deletes, and the size batches
+	// start at and grow back to. Default 1000.
+	BatchSize int
+	// BatchPause is the least pause between two batches. Default 50ms;
+	// negative means no floor (the duty cycle alone sets the pause).
+	BatchPause time.Duration
+	// MaxDuration is one pass's time budget: no batch starts after it, and
+	// no pause that would end past it is taken. Default 10m.
+	MaxDuration time.Duration
+	// DutyCycle is the largest fraction of wall time spent inside DELETE
+	// transactions, in (0, 1]. Default 0.10; 1 means no pause beyond
+	// BatchPause.
+	DutyCycle float64
+	// BatchTarget is the batch duration above which the next batch shrinks.
+	// Default 15ms.
+	BatchTarget time.Duration
+	// BatchTimeout is the statement timeout of every statement of the pass;
+	// a batch that hits it is rolled back and the next is a quarter the
+	// size. Default 5s.
+	BatchTimeout time.Duration
+	// AuditMaxAge is how long the daemon's own rows live (audit, sent
+	// alerts, resolved alert state, run records). Default 30 days.
+	AuditMaxAge time.Duration
+	// RenotifyAfter is alerts.renotify_after: an expired processing key
+	// already alerted more recently is not alerted again. Default 4h.
+	RenotifyAfter time.Duration
+	// MaxAlertsPerPass bounds the expired_processing alerts one pass
+	// raises; the rest wait for the next pass. Default 100.
+	MaxAlertsPerPass int
+	// Actor names who runs the pass in ledgerkeeper_runs (replica id, or
+	// the operator). Default "ledgerkeeper".
+	Actor string
+	// Clock is the time source of the budget and the pacing. Default the
+	// real clock; tests substitute their own.
+	Clock Clock
+}
+
+func (c Config) withDefaults() Config {
+	if c.MinAge <= 0 {
+		c.MinAge = DefaultMinAge
+	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.BatchPause = cmp.Or(c.BatchPause, DefaultBatchPause)
+	c.MaxDuration = cmp.Or(c.MaxDuration, DefaultMaxDuration)
+	c.DutyCycle = cmp.Or(c.DutyCycle, DefaultDutyCycle)
+	c.BatchTarget = cmp.Or(c.BatchTarget, DefaultBatchTarget)
+	c.BatchTimeout = cmp.Or(c.BatchTimeout, DefaultBatchTimeout)
+	c.AuditMaxAge = cmp.Or(c.AuditMaxAge, DefaultAuditMaxAge)
+	c.RenotifyAfter = cmp.Or(c.RenotifyAfter, DefaultRenotifyAfter)
+	c.MaxAlertsPerPass = cmp.Or(c.MaxAlertsPerPass, DefaultMaxAlertsPerPass)
+	c.Actor = cmp.Or(c.Actor, DefaultActor)
+	if c.Clock == nil {
+		c.Clock = realClock{}
+	}
+	floors := map[string]time.Duration{}
+	for tool, d := range c.ToolMinAge {
+		if d > 0 {
+			floors[tool] = d
+		}
+	}
+	c.ToolMinAge = floors
+	return c
+}
+
+// mustValidate panics on values only a programming error produces: the
+// configuration loader refuses them from operators first.
+func (c Config) mustValidate() {
+	switch {
+	case c.BatchSize < 0:
+		panic(fmt.Sprintf("expiry: negative BatchSize %d", c.BatchSize))
+	case c.DutyCycle <= 0 || c.DutyCycle > 1:
+		panic(fmt.Sprintf("expiry: DutyCycle %v outside (0, 1]", c.DutyCycle))
+	case c.MaxDuration < 0 || c.BatchTarget < 0 || c.BatchTimeout < 0 || c.AuditMaxAge < 0 || c.RenotifyAfter < 0:
+		panic("expiry: negative duration in Config")
+	case c.MaxAlertsPerPass < 0:
+		panic("expiry: negative MaxAlertsPerPass")
+	}
+}
+
+func (c Config) policy() ledger.PurgePolicy {
+	return ledger.PurgePolicy{MinAge: c.MinAge, ToolMinAge: c.ToolMinAge}
+}
+
+// Purger runs purge passes. The daemon calls RunOnce on its schedule
+// (schedule.purge); `ledgerkeeper purge` calls it once. Any number of
+// Purgers, in any number of processes, may run at once: the advisory lock
+// lets one work and the others report AlreadyRunning.
+type Purger struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	logger  *slog.Logger
+	metrics *Metrics
+}
+
+// New returns a Purger. logger and metrics may be nil.
+func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, metrics *Metrics) *Purger {
+	cfg = cfg.withDefaults()
+	cfg.mustValidate()
+	if pool == nil {
+		panic("expiry: New needs a pool")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Purger{cfg: cfg, pool: pool, logger: logger, metrics: metrics}
+}
+
+// Config returns the effective configuration, defaults filled in.
+func (p *Purger) Config() Config { return p.cfg }
+
+// Report is the result of one pass: what `ledgerkeeper purge` prints and
+// ledgerkeeper_runs stores.
+type Report struct {
+	// AlreadyRunning: another purge held the lock; this pass did nothing.
+	AlreadyRunning bool `json:"already_running"`
+	// StartedAt and Duration frame the pass.
+	StartedAt       time.Time     `json:"started_at"`
+	Duration        time.Duration `json:"-"`
+	DurationSeconds float64       `json:"duration_seconds"`
+	// Deleted counts rows deleted per table, idempotency_keys first.
+	Deleted []TableRows `json:"deleted"`
+	// Keys breaks the deleted idempotency_keys rows down by tool and status.
+	Keys []ledger.PurgeCount `json:"keys_by_tool_status"`
+	// KeysDeleted is the total of Keys.
+	KeysDeleted int64 `json:"keys_deleted"`
+	// RowsPerSecond is KeysDeleted over the pass's duration.
+	RowsPerSecond float64 `json:"rows_per_second"`
+	// Batches counts batch transactions (all tables); TimedOutBatches those
+	// of them rolled back by the statement timeout.
+	Batches         int `json:"batches"`
+	TimedOutBatches int `json:"timed_out_batches"`
+	// LastBatchSize is the adaptive size the key purge ended with.
+	LastBatchSize int `json:"last_batch_size"`
+	// DutyCycle is the fraction of the pass spent inside batches.
+	DutyCycle float64 `json:"duty_cycle"`
+	// ExpiredProcessing counts processing keys past expires_at (kept);
+	// ExpiredProcessingHeld those of them on hold (not alerted).
+	ExpiredProcessing     int64 `json:"expired_processing"`
+	ExpiredProcessingHeld int64 `json:"expired_processing_held"`
+	// AlertsRaised counts expired_processing alerts put in the outbox (keys
+	// alerted within renotify_after are not alerted again).
+	AlertsRaised int `json:"alerts_raised"`
+	// BudgetExhausted: the pass stopped because MaxDuration ran out; the
+	// next pass carries on.
+	BudgetExhausted bool    `json:"budget_exhausted"`
+	BudgetSeconds   float64 `json:"budget_seconds"`
+	// Error is set when the pass failed part-way (the report says what was
+	// done before).
+	Error string `json:"error,omitempty"`
+}
+
+// TableRows is a number of rows of one table.
+type TableRows struct {
+	Table string `json:"table"`
+	Rows  int64  `json:"rows"`
+}
+
+// reportTables is the order of Report.Deleted.
+var reportTables = []string{"idempotency_keys", "reconcile_state", "reconcile_audit", "alert_outbox", "alert_state", "ledgerkeeper_runs"}
+
+func (r *Report) add(table string, n int64) {
+	for i := range r.Deleted {
+		if r.Deleted[i].Table == table {
+			r.Deleted[i].Rows += n
+			return
+		}
+	}
+	r.Deleted = append(r.Deleted, TableRows{Table: table, Rows: n})
+}
+
+// DeletedFrom returns the rows deleted from table.
+func (r Report) DeletedFrom(table string) int64 {
+	for _, t := range r.Deleted {
+		if t.Table == table {
+			return t.Rows
+		}
+	}
+	return 0
+}
+
+func (r *Report) addKeys(cs []ledger.PurgeCount) {
+	for _, c := range cs {
+		found := false
+		for i := range r.Keys {
+			if r.Keys[i].Tool == c.Tool && r.Keys[i].Status == c.Status {
+				r.Keys[i].Keys += c.Keys
+				if c.OldestExpiresAt.Before(r.Keys[i].OldestExpiresAt) {
+					r.Keys[i].OldestExpiresAt = c.OldestExpiresAt
+				}
+				found = true
+				break
+			}
+		}
+		if !found {
+			r.Keys = append(r.Keys, c)
+		}
+		r.KeysDeleted += c.Keys
+	}
+}
+
+// RunOnce runs one purge pass: it takes the purge lock (or reports
+// AlreadyRunning and returns), alerts expired processing keys, deletes
+// expired keys in paced batches, trims the daemon's tables, and records the
+// pass in ledgerkeeper_runs. On error the report says what was done before:
+// every batch is its own transaction, so nothing half-done is lost.
+func (p *Purger) RunOnce(ctx context.Context) (Report, error) {
+	c := p.cfg
+	start := c.Clock.Now()
+	rep := Report{StartedAt: start, BudgetSeconds: c.MaxDuration.Seconds()}
+	for _, t := range reportTables {
+		rep.Deleted = append(rep.Deleted, TableRows{Table: t})
+	}
+
+	conn, err := p.dedicated(ctx)
+	if err != nil {
+		return rep, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		// Closing ends the session: the lock goes with it even if the
+		// explicit unlock below could not be sent.
+		_ = conn.Close(cctx)
+	}()
+	ok, err := ledger.TryPurgeLock(ctx, conn)
+	if err != nil {
+		return rep, fmt.Errorf("purge: %w", err)
+	}
+	if !ok {
+		rep.AlreadyRunning = true
+		p.logger.Info("purge already running elsewhere; this pass does nothing")
+		p.metrics.observePass(rep, nil)
+		return rep, nil
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = ledger.ReleasePurgeLock(cctx, conn)
+	}()
+
+	busy, err := p.pass(ctx, conn, &rep, start.Add(c.MaxDuration))
+	rep.Duration = c.Clock.Now().Sub(start)
+	rep.DurationSeconds = rep.Duration.Seconds()
+	if rep.Duration > 0 {
+		rep.RowsPerSecond = float64(rep.KeysDeleted) / rep.Duration.Seconds()
+		rep.DutyCycle = float64(busy) / float64(rep.Duration)
+	}
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	p.record(ctx, rep)
+	p.metrics.observePass(rep, err)
+	switch {
+	case err != nil && errors.Is(err, context.Canceled):
+		// Shutdown: not worth an error line.
+	case err != nil:
+		p.logger.Error("purge pass failed", "err", err, "keys_deleted", rep.KeysDeleted, "batches", rep.Batches)
+	case rep.KeysDeleted > 0 || rep.AlertsRaised > 0 || rep.BudgetExhausted || rep.TimedOutBatches > 0:
+		p.logger.Info("purge pass done", "keys_deleted", rep.KeysDeleted, "batches", rep.Batches,
+			"duration", rep.Duration, "rows_per_second", int64(rep.RowsPerSecond),
+			"expired_processing", rep.ExpiredProcessing, "alerts_raised", rep.AlertsRaised,
+			"budget_exhausted", rep.BudgetExhausted, "timed_out_batches", rep.TimedOutBatches)
+	default:
+		p.logger.Debug("purge pass done: nothing to purge")
+	}
+	return rep, err
+}
+
+// dedicated takes a connection out of the pool for the pass: the advisory
+// lock lives on it, and closing it at the end releases everything it holds.
+func (p *Purger) dedicated(ctx context.Context) (*pgx.Conn, error) {
+	pc, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("purge: connect to the database: %w", err)
+	}
+	conn := pc.Hijack()
+	if err := ledger.SetStatementTimeout(ctx, conn, p.cfg.BatchTimeout); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("purge: %w", err)
+	}
+	return conn, nil
+}
+
+// pass does the work of RunOnce under the lock and returns the time spent
+// inside batches.
+func (p *Purger) pass(ctx context.Context, conn *pgx.Conn, rep *Report, deadline time.Time) (time.Duration, error) {
+	if err := p.alertExpired(ctx, conn, rep, deadline); err != nil {
+		return 0, err
+	}
+
+	// The ledger itself.
+	pc := newPacer(p.cfg)
+	var cursor ledger.PurgeCursor
+	out, err := p.paced(ctx, rep, pc, deadline, func(ctx context.Context, size int) (bool, error) {
+		p.metrics.setBatchSize(size)
+		res, err := ledger.PurgeExpiredBatch(ctx, conn, p.cfg.policy(), cursor, size)
+		if err != nil {
+			return false, err
+		}
+		cursor = res.Next
+		rep.add("idempotency_keys", res.Keys)
+		rep.add("reconcile_state", res.States)
+		rep.addKeys(res.ByToolStatus)
+		p.metrics.deleted("idempotency_keys", res.Keys)
+		p.metrics.deleted("reconcile_state", res.States)
+		p.logger.Debug("purge batch", "size", size, "candidates", res.Candidates, "deleted", res.Keys)
+		return res.Done, nil
+	})
+	rep.LastBatchSize = pc.size
+	busy := pc.busy
+	if err != nil {
+		return busy, err
+	}
+	if out {
+		rep.BudgetExhausted = true
+		return busy, nil
+	}
+
+	// The daemon's own tables, each with a pacer of its own (their rows are
+	// narrower than the ledger's).
+	for _, t := range ledger.DaemonTables {
+		pc := newPacer(p.cfg)
+		out, err := p.paced(ctx, rep, pc, deadline, func(ctx context.Context, size int) (bool, error) {
+			n, err := ledger.PurgeDaemonBatch(ctx, conn, t, p.cfg.AuditMaxAge, size)
+			if err != nil {
+				return false, err
+			}
+			table := string(t)
+			rep.add(table, n)
+			p.metrics.deleted(table, n)
+			return n < int64(size), nil
+		})
+		busy += pc.busy
+		if err != nil {
+			return busy, err
+		}
+		if out {
+			rep.BudgetExhausted = true
+			return busy, nil
+		}
+	}
+	return busy, nil
+}
+
+// paced runs batch until it reports done, pacing by pc, and stops between
+// batches when the budget runs out (then it returns true).
+func (p *Purger) paced(ctx context.Context, rep *Report, pc *pacer, deadline time.Time,
+	batch func(ctx context.Context, size int) (done bool, err error)) (bool, error) {
+	clock := p.cfg.Clock
+	timeouts := 0
+	for {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		if !clock.Now().Before(deadline) {
+			return true, nil
+		}
+		t0 := clock.Now()
+		done, err := batch(ctx, pc.size)
+		d := clock.Now().Sub(t0)
+		timedOut := errors.Is(err, ledger.ErrBatchTimeout)
+		if err != nil && !timedOut {
+			return false, err
+		}
+		rep.Batches++
+		p.metrics.observeBatch(d, timedOut)
+		if timedOut {
+			rep.TimedOutBatches++
+			timeouts++
+			p.logger.Warn("purge batch timed out; shrinking", "size", pc.size, "duration", d, "err", err)
+			if timeouts >= maxConsecutiveTimeouts {
+				return false, fmt.Errorf("%d purge batches in a row timed out (the last of %d rows); is something holding locks on the ledger for minutes? %w", timeouts, pc.size, err)
+			}
+		} else {
+			timeouts = 0
+		}
+		pause := pc.observe(d, timedOut)
+		if done && !timedOut {
+			return false, nil
+		}
+		if !clock.Now().Add(pause).Before(deadline) {
+			return true, nil
+		}
+		if err := clock.Sleep(ctx, pause); err != nil {
+			return false, err
+		}
+	}
+}
+
+// alertExpired counts expired processing keys and raises one alert per key
+// (bounded per pass), each page in the transaction that reads it.
+func (p *Purger) alertExpired(ctx context.Context, conn *pgx.Conn, rep *Report, deadline time.Time) error {
+	total, held, err := ledger.CountExpiredProcessing(ctx, conn)
+	if err != nil {
+		return err
+	}
+	rep.ExpiredProcessing, rep.ExpiredProcessingHeld = total, held
+	defer func() { p.metrics.observeExpired(rep.ExpiredProcessing, rep.AlertsRaised) }()
+	if total-held == 0 {
+		return nil
+	}
+	var cursor ledger.PurgeCursor
+	for rep.AlertsRaised < p.cfg.MaxAlertsPerPass && p.cfg.Clock.Now().Before(deadline) {
+		var n int
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			keys, err := ledger.ExpiredProcessingPage(ctx, tx, cursor, alertPage)
+			if err != nil {
+				return err
+			}
+			n = len(keys)
+			for _, k := range keys {
+				if rep.AlertsRaised >= p.cfg.MaxAlertsPerPass {
+					break
+				}
+				cursor = ledger.PurgeCursor{ExpiresAt: k.ExpiresAt, Key: k.Key}
+				raised, err := alerts.Raise(ctx, tx, alerts.Alert{
+					Reason: alerts.ReasonExpiredProcessing,
+					Tool:   k.Tool,
+					Key:    k.Key,
+					Details: alerts.Details{
+						ClaimedAt: &k.ClaimedAt,
+						CreatedAt: &k.CreatedAt,
+						ExpiresAt: &k.ExpiresAt,
+						Note:      "processing past expires_at: purge keeps it until it is resolved (ledgerkeeper resolve)",
+					},
+				}, p.cfg.RenotifyAfter)
+				if err != nil {
+					return err
+				}
+				if raised {
+					rep.AlertsRaised++
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("alert expired processing keys: %w", err)
+		}
+		if n < alertPage {
+			break
+		}
+	}
+	if rep.AlertsRaised > 0 {
+		p.logger.Warn("expired processing keys alerted: purge keeps them until resolved",
+			"expired_processing", total, "alerts_raised", rep.AlertsRaised)
+	}
+	return nil
+}
+
+// record stores the pass in ledgerkeeper_runs, on the pool: the pass's own
+// connection may be the thing that failed.
+func (p *Purger) record(ctx context.Context, rep Report) {
+	stats, err := json.Marshal(rep)
+	if err != nil {
+		p.logger.Error("encode purge report", "err", err)
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := ledger.RecordRun(rctx, p.pool, ledger.Run{
+		Kind: "purge", Actor: p.cfg.Actor, StartedAt: rep.StartedAt, Stats: stats, Error: rep.Error,
+	}); err != nil {
+		p.logger.Warn("could not record the purge pass", "err", err)
+	}
+}
+
+// DryRunReport is what a purge would do now; a dry run deletes nothing and
+// raises nothing.
+type DryRunReport struct {
+	// PurgeRunning: a purge holds the lock right now (its deletions race
+	// with these counts).
+	PurgeRunning bool `json:"purge_running"`
+	// Keys counts the keys a pass would delete, per tool and status.
+	Keys []ledger.PurgeCount `json:"would_purge"`
+	// TotalKeys is their sum; OldestExpiresAt the oldest among them.
+	TotalKeys       int64      `json:"would_purge_total"`
+	OldestExpiresAt *time.Time `json:"oldest_expires_at,omitempty"`
+	// UnderFloor counts expired resolved keys kept because they are
+	// younger than their retention floor.
+	UnderFloor int64 `json:"kept_under_floor"`
+	// Held counts expired keys kept because they are on hold.
+	Held int64 `json:"kept_held"`
+	// ExpiredProcessing counts expired processing keys (kept);
+	// ExpiredProcessingHeld those on hold, which are not alerted.
+	ExpiredProcessing     int64 `json:"expired_processing"`
+	ExpiredProcessingHeld int64 `json:"expired_processing_held"`
+	// WouldAlert lists the first expired processing keys a pass would
+	// alert (unless alerted within renotify_after), at most
+	// MaxAlertsPerPass.
+	WouldAlert []ledger.ExpiredKey `json:"would_alert"`
+	// Tables counts the daemon-table rows a pass would delete.
+	Tables []ledger.DaemonTableCount `json:"daemon_tables"`
+	// MinAgeSeconds, ToolMinAgeSeconds and AuditMaxAgeSeconds are the
+	// policy the counts were made with.
+	MinAgeSeconds      float64            `json:"min_age_seconds"`
+	ToolMinAgeSeconds  map[string]float64 `json:"tool_min_age_seconds,omitempty"`
+	AuditMaxAgeSeconds float64            `json:"audit_max_age_seconds"`
+}
+
+// DryRun reports what RunOnce would delete and alert now, without deleting
+// or raising anything and without taking the lock. It reads every expired
+// row once (an operator command, not a hot path), within MaxDuration.
+func (p *Purger) DryRun(ctx context.Context) (DryRunReport, error) {
+	c := p.cfg
+	ctx, cancel := context.WithTimeout(ctx, c.MaxDuration)
+	defer cancel()
+	rep := DryRunReport{
+		MinAgeSeconds:      c.MinAge.Seconds(),
+		AuditMaxAgeSeconds: c.AuditMaxAge.Seconds(),
+	}
+	if len(c.ToolMinAge) > 0 {
+		rep.ToolMinAgeSeconds = map[string]float64{}
+		for t, d := range c.ToolMinAge {
+			rep.ToolMinAgeSeconds[t] = d.Seconds()
+		}
+	}
+	var err error
+	if rep.PurgeRunning, err = ledger.PurgeRunning(ctx, p.pool); err != nil {
+		return rep, err
+	}
+	prev, err := ledger.PreviewPurge(ctx, p.pool, c.policy())
+	if err != nil {
+		return rep, err
+	}
+	rep.Keys, rep.UnderFloor, rep.Held = prev.Purgeable, prev.UnderFloor, prev.Held
+	for _, k := range prev.Purgeable {
+		rep.TotalKeys += k.Keys
+		if rep.OldestExpiresAt == nil || k.OldestExpiresAt.Before(*rep.OldestExpiresAt) {
+			t := k.OldestExpiresAt
+			rep.OldestExpiresAt = &t
+		}
+	}
+	if rep.ExpiredProcessing, rep.ExpiredProcessingHeld, err = ledger.CountExpiredProcessing(ctx, p.pool); err != nil {
+		return rep, err
+	}
+	if rep.ExpiredProcessing > rep.ExpiredProcessingHeld {
+		if rep.WouldAlert, err = ledger.ExpiredProcessingPage(ctx, p.pool, ledger.PurgeCursor{}, c.MaxAlertsPerPass); err != nil {
+			return rep, err
+		}
+	}
+	if rep.Tables, err = ledger.PreviewDaemonPurge(ctx, p.pool, c.AuditMaxAge); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
