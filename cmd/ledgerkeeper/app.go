@@ -17,6 +17,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
+	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
 
 const (
@@ -34,6 +35,7 @@ type app struct {
 
 	cfg    *config.Config
 	logger *slog.Logger
+	probes *probes.Registry
 }
 
 // load reads the configuration (once) and sets up the logger.

@@ -11,18 +11,11 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 )
-
-// dispatchAfterPurge delivers the alerts a purge pass raised (unless
-// --no-alerts or --dry-run). TODO(alerts): dispatch — nil until the alert
-// dispatcher is wired in; the alerts stay in the outbox for 'serve' to
-// deliver meanwhile.
-var dispatchAfterPurge func(ctx context.Context, a *app, pool *pgxpool.Pool) error
 
 func newPurgeCmd(a *app) *cobra.Command {
 	var dryRun, asJSON, noAlerts bool
@@ -74,10 +67,10 @@ outbox for 'serve' to deliver.`,
 				return nil
 			}
 			rep, runErr := p.RunOnce(ctx)
-			if !noAlerts && runErr == nil && !rep.AlreadyRunning && rep.AlertsRaised > 0 && dispatchAfterPurge != nil {
-				if err := dispatchAfterPurge(ctx, a, pool); err != nil {
-					a.logger.Error("alert delivery failed: the alerts stay in the outbox", "err", err)
-				}
+			if !noAlerts && runErr == nil && !rep.AlreadyRunning {
+				// Delivers what this pass raised and anything still pending;
+				// a failure leaves the alerts in the outbox.
+				a.deliverAlerts(ctx, pool)
 			}
 			if asJSON {
 				if err := a.writeJSON(rep); err != nil {

@@ -77,6 +77,14 @@ keys, and alerts on Slack for everything it cannot resolve.`,
 		newMigrateCmd(a),
 		newConfigCmd(a),
 		newPurgeCmd(a),
+		newReconcileCmd(a),
+		newInspectCmd(a),
+		newResolveCmd(a),
+		newHoldCmd(a),
+		newReleaseCmd(a),
+		newStatusCmd(a),
+		newDemoCmd(a),
+		newServeCmd(a),
 	)
 	return root
 }

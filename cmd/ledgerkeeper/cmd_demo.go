@@ -1,0 +1,334 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/exampletool"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgembed"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/migrations"
+	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+)
+
+//go:embed demo.yaml
+var demoConfig []byte
+
+func newDemoCmd(a *app) *cobra.Command {
+	var printConfig bool
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Run the whole loop on an embedded default, for a newcomer",
+		Long: `Run the whole loop once, end to end, on real parts:
+
+  - a throwaway PostgreSQL (from the local PostgreSQL binaries) unless
+    --database-url or $LEDGERKEEPER_DATABASE_URL names a server, in which
+    case a scratch database is created there and dropped afterwards;
+  - the example create_ticket tool server behind ledger.Middleware;
+  - tool calls that succeed, crash after their effect, crash before it,
+    hit a tool without a probe, and find a duplicate downstream;
+  - one reconcile pass with the http probe, the retries that follow, and
+    the Slack alerts, posted to a local stand-in for Slack and printed.
+
+Nothing outside the scratch database is touched.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if printConfig {
+				_, err := a.stdout.Write(demoConfig)
+				return err
+			}
+			return runDemo(cmd.Context(), a)
+		},
+	}
+	cmd.Flags().BoolVar(&printConfig, "print-config", false, "print the demo's configuration and exit")
+	return cmd
+}
+
+type demo struct {
+	a       *app
+	out     io.Writer
+	pool    *pgxpool.Pool
+	tool    *http.Server
+	toolURL string
+	slack   *fakeSlack
+}
+
+func (d *demo) say(format string, args ...any) { fmt.Fprintf(d.out, format+"\n", args...) }
+
+func runDemo(ctx context.Context, a *app) error {
+	if err := a.load(); err != nil {
+		return err
+	}
+	d := &demo{a: a, out: a.stdout}
+	// The demo's own configuration; log output stays quiet unless asked.
+	if a.logLevel == "" {
+		a.logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+
+	d.say("== ledgerkeeper demo ==")
+	url, cleanup, err := d.database(ctx)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	pool, err := connect(ctx, url, 20)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	d.pool = pool
+	if _, err := migrations.Up(ctx, pool, nil); err != nil {
+		return err
+	}
+	d.say("schema migrated.")
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	crash := map[string]bool{"wf-2:step-1:create_ticket": true}
+	tool := exampletool.New(exampletool.Config{Ledger: pool, Sink: pool, Logger: a.logger, AfterEffect: func(key string) {
+		if crash[key] {
+			panic(http.ErrAbortHandler) // the process "dies" after the effect
+		}
+	}})
+	if err := tool.Migrate(ctx); err != nil {
+		return err
+	}
+	d.tool = &http.Server{Handler: tool.Handler(), ErrorLog: nil, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = d.tool.Serve(ln) }()
+	defer d.tool.Close()
+	d.toolURL = "http://" + ln.Addr().String()
+	d.say("example tool server (create_ticket) listening on %s", d.toolURL)
+
+	d.slack, err = startFakeSlack()
+	if err != nil {
+		return err
+	}
+	defer d.slack.close()
+
+	cfg, err := config.Parse("demo.yaml", demoConfig, func(k string) (string, bool) {
+		switch k {
+		case "TOOL_URL":
+			return d.toolURL, true
+		case "SLACK_API_URL":
+			return d.slack.url + "/api/", true
+		}
+		return os.LookupEnv(k)
+	})
+	if err != nil {
+		return fmt.Errorf("demo configuration: %w", err)
+	}
+	a.cfg = cfg
+
+	if err := d.traffic(ctx, crash); err != nil {
+		return err
+	}
+
+	win := cfg.Policy(exampletool.Tool).ProcessingWindow + cfg.Reconcile.Grace.D()
+	d.say("\n-- waiting %s: the crashed calls' processing window + grace must pass before the reconciler may touch them --", win)
+	select {
+	case <-time.After(win + 200*time.Millisecond):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+
+	eng, closer, err := daemon.BuildEngine(ctx, cfg, pool, a.registry(), "demo-replica", a.logger, nil)
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	d.say("\n-- 3. one reconcile pass (ledgerkeeper reconcile) --")
+	rep, err := eng.Run(ctx, reconcile.Options{})
+	if err != nil {
+		return err
+	}
+	printReconcile(d.out, rep, nil)
+
+	d.say("\n-- 4. the agent retries --")
+	for _, key := range []string{"wf-2:step-1:create_ticket", "wf-3:step-1:create_ticket"} {
+		code, body := d.call(ctx, key, `{"title":"Printer on fire","account_id":"A-7"}`)
+		d.say("retry %s -> %d %s", key, code, body)
+	}
+	d.say("(the first retry replays the outcome the probe found: no second ticket; the second redoes the work the crash prevented)")
+	var tickets int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM tickets`).Scan(&tickets)
+	d.say("tickets in the sink: %d (one per logical call, plus the two planted duplicates)", tickets)
+
+	d.say("\n-- 5. alerts for what it could not resolve, posted to Slack --")
+	delivery := a.deliverAlerts(ctx, pool)
+	if delivery != nil {
+		d.say("%d message(s) posted:", delivery.Messages)
+	}
+	for _, m := range d.slack.messages() {
+		d.say("%s\n", indent(m))
+	}
+
+	d.say("-- 6. ledgerkeeper inspect wf-4:step-2:refund_payment --")
+	hist, _ := ledger.History(ctx, pool, "wf-4:step-2:refund_payment", 10)
+	for _, h := range hist {
+		d.say("  %s  %s  attempt %d  verdict %s  action %s", ts(h.CreatedAt), h.Actor, h.Attempt, h.Verdict, h.Action)
+	}
+	d.say("\nDone. Next: 'ledgerkeeper demo --print-config' shows the configuration used; README.md explains each part.")
+	return nil
+}
+
+// database returns the URL of a scratch database and how to drop it.
+func (d *demo) database(ctx context.Context) (string, func(), error) {
+	if raw := d.a.cfg.Database.URL.Reveal(); raw != "" {
+		admin, err := pgx.Connect(ctx, raw)
+		if err != nil {
+			return "", nil, fmt.Errorf("cannot reach database at %s: %v", redactURL(raw), rootCause(err))
+		}
+		name := fmt.Sprintf("ledgerkeeper_demo_%d", time.Now().Unix())
+		if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			admin.Close(ctx)
+			return "", nil, fmt.Errorf("create scratch database %s: %w", name, err)
+		}
+		cfg := admin.Config()
+		d.say("using a scratch database %s on %s:%d (dropped at the end)", name, cfg.Host, cfg.Port)
+		u := strings.Replace(raw, "/"+cfg.Database, "/"+name, 1)
+		if !strings.Contains(u, name) {
+			admin.Close(ctx)
+			return "", nil, fmt.Errorf("the demo needs a database URL of the form postgres://user@host:port/db")
+		}
+		return u, func() {
+			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, _ = admin.Exec(c, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+			admin.Close(c)
+		}, nil
+	}
+	d.say("no database URL given: starting a throwaway PostgreSQL from the local binaries...")
+	srv, err := pgembed.Start(ctx, pgembed.Options{})
+	if err != nil {
+		return "", nil, fmt.Errorf("start an ephemeral PostgreSQL: %w (or give --database-url)", err)
+	}
+	d.say("PostgreSQL running on 127.0.0.1:%d (removed at the end)", srv.Port)
+	return srv.URL, srv.Stop, nil
+}
+
+// traffic makes the tool calls whose outcomes the reconciler must settle.
+func (d *demo) traffic(ctx context.Context, crash map[string]bool) error {
+	d.say("\n-- 1. agents call create_ticket with Idempotency-Key {workflowRunId}:{stepId} --")
+	body := `{"title":"Printer on fire","account_id":"A-7"}`
+	code, resp := d.call(ctx, "wf-1:step-1:create_ticket", body)
+	d.say("wf-1 first call   -> %d %s", code, resp)
+	code, resp = d.call(ctx, "wf-1:step-1:create_ticket", body)
+	d.say("wf-1 same key     -> %d %s", code, resp)
+	code, resp = d.call(ctx, "wf-1:step-1:create_ticket", `{"title":"Other","account_id":"A-7"}`)
+	d.say("wf-1 other body   -> %d %s", code, resp)
+	code, resp = d.call(ctx, "wf-2:step-1:create_ticket", body)
+	if code != 0 {
+		// Go's HTTP client retries a request carrying Idempotency-Key
+		// when the connection drops: that retry is what answered.
+		resp = fmt.Sprintf("the client's automatic retry got %d", code)
+	}
+	d.say("wf-2 crashes AFTER creating its ticket, before storing the response -> %s", resp)
+	delete(crash, "wf-2:step-1:create_ticket")
+	code, resp = d.call(ctx, "wf-2:step-1:create_ticket", body)
+	d.say("wf-2 retry        -> %d %s (still processing: nothing runs twice)", code, resp)
+
+	d.say("\n-- 2. what crashes and bugs leave behind --")
+	hash, _ := ledger.Fingerprint([]byte(body))
+	// Crashed before its effect: claimed, nothing downstream.
+	if _, err := ledger.Claim(ctx, d.pool, ledger.ClaimParams{Key: "wf-3:step-1:create_ticket", Tool: exampletool.Tool, RequestHash: hash, RequestBody: json.RawMessage(body)}); err != nil {
+		return err
+	}
+	d.say("wf-3 claimed its key, then crashed before creating the ticket")
+	// A tool nobody configured a probe for.
+	if _, err := ledger.Claim(ctx, d.pool, ledger.ClaimParams{Key: "wf-4:step-2:refund_payment", Tool: "refund_payment", RequestHash: hash}); err != nil {
+		return err
+	}
+	d.say("wf-4 refund_payment crashed; refund_payment has no probe configured")
+	// Two tickets downstream for one key: idempotency already broken there.
+	if _, err := ledger.Claim(ctx, d.pool, ledger.ClaimParams{Key: "wf-5:step-1:create_ticket", Tool: exampletool.Tool, RequestHash: hash, RequestBody: json.RawMessage(body)}); err != nil {
+		return err
+	}
+	if _, err := d.pool.Exec(ctx, `INSERT INTO tickets (idempotency_key, title, account_id) VALUES ($1, 'dup', 'A-7'), ($1, 'dup', 'A-7')`, "wf-5:step-1:create_ticket"); err != nil {
+		return err
+	}
+	d.say("wf-5 crashed; the downstream holds TWO tickets for its key")
+	return nil
+}
+
+func (d *demo) call(ctx context.Context, key, body string) (int, string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.toolURL+"/tools/create_ticket", strings.NewReader(body))
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "(no response: " + rootCause(err) + ")"
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b))
+}
+
+func indent(s string) string {
+	return "  | " + strings.ReplaceAll(strings.TrimSpace(s), "\n", "\n  | ")
+}
+
+// fakeSlack is a local stand-in for Slack's chat.postMessage.
+type fakeSlack struct {
+	srv *http.Server
+	url string
+	mu  sync.Mutex
+	got []string
+}
+
+func startFakeSlack() (*fakeSlack, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	f := &fakeSlack{url: "http://" + ln.Addr().String()}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/api/chat.postMessage", func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		text := ""
+		if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+			var m struct {
+				Text string `json:"text"`
+			}
+			_ = json.Unmarshal(raw, &m)
+			text = m.Text
+		} else {
+			r.Body = io.NopCloser(bytes.NewReader(raw))
+			_ = r.ParseForm()
+			text = r.PostForm.Get("text")
+		}
+		f.mu.Lock()
+		f.got = append(f.got, text)
+		f.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ok":true,"channel":"C0DEMO","ts":"1700000000.000100"}`))
+	})
+	f.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = f.srv.Serve(ln) }()
+	return f, nil
+}
+
+func (f *fakeSlack) messages() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.got...)
+}
+
+func (f *fakeSlack) close() { _ = f.srv.Close() }

@@ -1,0 +1,330 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+)
+
+// inspection is everything `inspect` shows about a key.
+type inspection struct {
+	Key      ledger.Key          `json:"key"`
+	State    *ledger.State       `json:"reconcile_state,omitempty"`
+	Hold     *ledger.Hold        `json:"hold,omitempty"`
+	History  []ledger.AuditEntry `json:"history"`
+	Alerts   []alerts.OpenAlert  `json:"open_alerts,omitempty"`
+	Window   string              `json:"processing_window_plus_grace"`
+	InFlight bool                `json:"in_flight"`
+}
+
+func newInspectCmd(a *app) *cobra.Command {
+	var asJSON bool
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "inspect KEY",
+		Short: "Show a key's row, reconcile state, hold and full history",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			ctx := cmd.Context()
+			pool, err := a.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			key := argv[0]
+			k, err := ledger.Get(ctx, pool, key)
+			if errors.Is(err, ledger.ErrNotFound) {
+				return fmt.Errorf("no key %q in the ledger (never claimed, or purged after it expired)", key)
+			}
+			if err != nil {
+				return err
+			}
+			in := inspection{Key: k}
+			if st, err := ledger.GetState(ctx, pool, key); err == nil && st.ClaimedAt.Equal(k.ClaimedAt) {
+				in.State = &st
+			} else if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+				return err
+			}
+			if h, err := ledger.GetHold(ctx, pool, key); err == nil {
+				in.Hold = &h
+			} else if !errors.Is(err, ledger.ErrNotFound) {
+				return err
+			}
+			if in.History, err = ledger.History(ctx, pool, key, limit); err != nil {
+				return err
+			}
+			if in.History == nil {
+				in.History = []ledger.AuditEntry{}
+			}
+			open, err := alerts.OpenKeyAlertsAfter(ctx, pool, alerts.OpenAlert{Key: key}, 20)
+			if err != nil {
+				return err
+			}
+			for _, o := range open {
+				if o.Key == key {
+					in.Alerts = append(in.Alerts, o)
+				}
+			}
+			win, hb := a.windows(k.Tool)
+			in.Window = win.String()
+			in.InFlight = k.Status == ledger.StatusProcessing && (time.Since(k.ClaimedAt) < win || (k.HeartbeatAt != nil && time.Since(*k.HeartbeatAt) < hb))
+			if asJSON {
+				return a.writeJSON(in)
+			}
+			printInspection(a, in)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON document")
+	cmd.Flags().IntVar(&limit, "history", 200, "show at most the N newest history entries")
+	return cmd
+}
+
+// windows returns a tool's window + grace and heartbeat timeout.
+func (a *app) windows(tool string) (time.Duration, time.Duration) {
+	p := a.cfg.Policy(tool)
+	return p.ProcessingWindow + a.cfg.Reconcile.Grace.D(), p.HeartbeatTimeout
+}
+
+func printInspection(a *app, in inspection) {
+	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	k := in.Key
+	row := func(name string, v any) { fmt.Fprintf(w, "%s\t%v\n", name, v) }
+	row("key", k.Key)
+	row("tool", k.Tool)
+	status := k.Status
+	if in.InFlight {
+		status += " (in flight: inside its window or heartbeating; the reconciler leaves it alone)"
+	} else if k.Status == ledger.StatusProcessing {
+		status += fmt.Sprintf(" (stuck: past its window of %s)", in.Window)
+	}
+	row("status", status)
+	row("created_at", ts(k.CreatedAt))
+	row("claimed_at", fmt.Sprintf("%s (%s ago)", ts(k.ClaimedAt), time.Since(k.ClaimedAt).Round(time.Second)))
+	row("updated_at", ts(k.UpdatedAt))
+	row("expires_at", ts(k.ExpiresAt))
+	if k.HeartbeatAt != nil {
+		row("heartbeat_at", fmt.Sprintf("%s (%s ago)", ts(*k.HeartbeatAt), time.Since(*k.HeartbeatAt).Round(time.Second)))
+	}
+	row("request_hash", k.RequestHash)
+	row("request_body", oneLine(string(k.RequestBody), 200))
+	if k.ResponseCode != nil {
+		row("response_code", *k.ResponseCode)
+		row("response_body", oneLine(string(k.ResponseBody), 200))
+	}
+	if s := in.State; s != nil {
+		row("attempts", s.Attempts)
+		if s.LastVerdict != nil {
+			row("last_verdict", *s.LastVerdict)
+		}
+		if s.LastError != nil {
+			row("last_error", oneLine(*s.LastError, 200))
+		}
+		if s.NextProbeAt != nil {
+			row("next_probe_at", ts(*s.NextProbeAt))
+		}
+		if s.LeaseOwner != nil && s.LeaseExpiresAt != nil && s.LeaseExpiresAt.After(time.Now()) {
+			row("leased_by", fmt.Sprintf("%s until %s", *s.LeaseOwner, ts(*s.LeaseExpiresAt)))
+		}
+	}
+	if h := in.Hold; h != nil {
+		row("hold", fmt.Sprintf("held by %s since %s: %s", h.Actor, ts(h.CreatedAt), h.Reason))
+	}
+	for _, o := range in.Alerts {
+		row("open_alert", string(o.Reason))
+	}
+	w.Flush()
+	fmt.Fprintf(a.stdout, "\nHistory (%d):\n", len(in.History))
+	if len(in.History) == 0 {
+		fmt.Fprintln(a.stdout, "  none: the reconciler has not decided anything for this key")
+		return
+	}
+	w = tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "  TIME\tACTOR\tATTEMPT\tVERDICT\tACTION\tDETAIL")
+	for _, e := range in.History {
+		detail := e.Error
+		if len(e.Evidence) > 0 {
+			detail = strings.TrimSpace(string(e.Evidence) + " " + detail)
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%d\t%s\t%s\t%s\n", ts(e.CreatedAt), e.Actor, e.Attempt, e.Verdict, e.Action, oneLine(detail, 120))
+	}
+	w.Flush()
+}
+
+func ts(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func newResolveCmd(a *app) *cobra.Command {
+	var (
+		completed, retryable, force bool
+		code                        int
+		body, reason, actorFlag     string
+	)
+	cmd := &cobra.Command{
+		Use:   "resolve KEY (--completed --code N --body JSON | --retryable) --reason TEXT",
+		Short: "Resolve a processing key by hand (audited, compare-and-set)",
+		Long: `Resolve a key stuck in processing by hand, after checking the downstream
+yourself: --completed stores the outcome retries will replay; --retryable
+marks it failed_retryable so a retry may redo the work (only when you know
+the effect did not happen). The decision is audited with --actor (default
+$USER) and --reason, and written only if the key is still processing with
+the claim you saw: otherwise nothing changes and the command exits 1.
+
+A key inside its processing window or with a fresh heartbeat is in flight:
+resolving it could race the running attempt, so it is refused unless --force.
+A held key must be released first.`,
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			key := argv[0]
+			if completed == retryable {
+				return usagef("resolve: give exactly one of --completed or --retryable")
+			}
+			if strings.TrimSpace(reason) == "" {
+				return usagef("resolve: --reason is required (it goes into the audit trail)")
+			}
+			var outcome json.RawMessage
+			if completed {
+				if code < 100 || code > 599 {
+					return usagef("resolve --completed: --code must be an HTTP status code (100-599)")
+				}
+				if body == "" || !json.Valid([]byte(body)) {
+					return usagef("resolve --completed: --body must be valid JSON (the response retries will replay)")
+				}
+				outcome = json.RawMessage(body)
+			} else if cmd.Flags().Changed("code") || cmd.Flags().Changed("body") {
+				return usagef("resolve --retryable takes no --code or --body")
+			}
+			ctx := cmd.Context()
+			pool, err := a.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			who := actor(actorFlag)
+			k, err := ledger.Get(ctx, pool, key)
+			if errors.Is(err, ledger.ErrNotFound) {
+				return fmt.Errorf("no key %q in the ledger", key)
+			}
+			if err != nil {
+				return err
+			}
+			if k.Status != ledger.StatusProcessing {
+				return fmt.Errorf("refused: key %q is %s, not processing; only a processing key can be resolved", key, k.Status)
+			}
+			if _, err := ledger.GetHold(ctx, pool, key); err == nil {
+				return fmt.Errorf("refused: key %q is on hold; run 'ledgerkeeper release %s' first", key, key)
+			}
+			win, hb := a.windows(k.Tool)
+			inFlight := time.Since(k.ClaimedAt) < win || (k.HeartbeatAt != nil && time.Since(*k.HeartbeatAt) < hb)
+			if inFlight && !force {
+				return fmt.Errorf("refused: key %q is in flight (claimed %s ago, window + grace %s, or heartbeating): the original attempt may still finish; wait, or pass --force", key, time.Since(k.ClaimedAt).Round(time.Second), win)
+			}
+			evidence, _ := json.Marshal(map[string]any{"reason": reason, "forced": force && inFlight})
+			d := ledger.Decision{Key: key, Tool: k.Tool, ClaimedAt: k.ClaimedAt, Actor: who, Verdict: "operator", Evidence: evidence}
+			how := "resolved by operator " + who
+			if completed {
+				d.Transition, d.ResponseCode, d.ResponseBody, d.Action = ledger.StatusCompleted, code, outcome, "operator_completed"
+			} else {
+				d.Transition, d.Action = ledger.StatusFailedRetryable, "operator_marked_retryable"
+			}
+			var res ledger.DecideResult
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				if res, err = ledger.Decide(ctx, tx, d); err != nil {
+					return err
+				}
+				if res.Applied {
+					_, err = alerts.ResolveKey(ctx, tx, k.Tool, key, how)
+				}
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if !res.Applied {
+				return fmt.Errorf("refused: key %q changed while you looked (%s); nothing written; run 'ledgerkeeper inspect %s'", key, strings.ReplaceAll(res.Action, "_", " "), key)
+			}
+			fmt.Fprintf(a.stdout, "key %s is now %s (by %s: %s)\n", key, res.Current.Status, who, reason)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&completed, "completed", false, "store an outcome: the effect happened")
+	f.BoolVar(&retryable, "retryable", false, "mark failed_retryable: the effect did not happen")
+	f.IntVar(&code, "code", 0, "response code to store (with --completed)")
+	f.StringVar(&body, "body", "", "response body to store, JSON (with --completed)")
+	f.StringVar(&reason, "reason", "", "why (recorded in the audit trail; required)")
+	f.StringVar(&actorFlag, "actor", "", "operator name for the audit trail (default $USER)")
+	f.BoolVar(&force, "force", false, "resolve even a key that is in flight")
+	return cmd
+}
+
+func newHoldCmd(a *app) *cobra.Command {
+	var reason, actorFlag string
+	cmd := &cobra.Command{
+		Use:   "hold KEY --reason TEXT",
+		Short: "Put a key on hold: never probed, resolved or purged until released",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return usagef("hold: --reason is required")
+			}
+			ctx := cmd.Context()
+			pool, err := a.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			who := actor(actorFlag)
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ledger.PutHold(ctx, tx, argv[0], reason, who) })
+			if errors.Is(err, ledger.ErrNotFound) {
+				return fmt.Errorf("no key %q in the ledger", argv[0])
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "key %s is on hold (by %s: %s); 'ledgerkeeper release %s' lifts it\n", argv[0], who, reason, argv[0])
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (shown by status and inspect; required)")
+	cmd.Flags().StringVar(&actorFlag, "actor", "", "operator name for the audit trail (default $USER)")
+	return cmd
+}
+
+func newReleaseCmd(a *app) *cobra.Command {
+	var actorFlag string
+	cmd := &cobra.Command{
+		Use:   "release KEY",
+		Short: "Release a key's hold",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			ctx := cmd.Context()
+			pool, err := a.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			who := actor(actorFlag)
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ledger.ReleaseHold(ctx, tx, argv[0], who) })
+			if errors.Is(err, ledger.ErrNotFound) {
+				return fmt.Errorf("key %q is not on hold", argv[0])
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "key %s released (by %s)\n", argv[0], who)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&actorFlag, "actor", "", "operator name for the audit trail (default $USER)")
+	return cmd
+}

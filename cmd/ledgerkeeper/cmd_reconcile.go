@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
+	"github.com/ledgerkeeper/ledgerkeeper/probes"
+	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+)
+
+func newReconcileCmd(a *app) *cobra.Command {
+	var (
+		tools, keys    []string
+		dryRun, asJSON bool
+		noAlerts       bool
+		limit          int
+		actorFlag      string
+	)
+	cmd := &cobra.Command{
+		Use:   "reconcile [--tool T]... [--key K]... [--dry-run] [--limit N] [--json] [--no-alerts]",
+		Short: "Run one reconcile pass now",
+		Long: `Run one reconcile pass now: work through every due key (processing past its
+tool's window + grace, no fresh heartbeat, not held, not leased elsewhere,
+back-off elapsed), batch after batch, probe the downstream and record the
+decision; then deliver the alerts the pass raised.
+
+--key reconciles the named keys even before their next back-off time, but
+never inside their processing window. --dry-run probes and reports what would
+happen; it writes nothing, leases nothing and posts nothing.
+
+Safe to run while 'serve' replicas run: leases keep each key to one prober.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if limit < 0 {
+				return usagef("--limit must be positive")
+			}
+			ctx := cmd.Context()
+			pool, err := a.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if err := checkSchema(ctx, pool); err != nil {
+				return err
+			}
+			who := actor(actorFlag)
+			eng, closer, err := daemon.BuildEngine(ctx, a.cfg, pool, a.registry(), "operator:"+who, a.logger, nil)
+			if err != nil {
+				return &configError{err}
+			}
+			defer closer.Close()
+			for _, t := range tools {
+				if _, ok := a.cfg.Tools[t]; !ok {
+					a.logger.Warn("tool is not in the configuration: its keys have no probe and will only be alerted", "tool", t)
+				}
+			}
+			rep, runErr := eng.Run(ctx, reconcile.Options{Tools: tools, Keys: keys, DryRun: dryRun, Limit: limit})
+			var delivery *alerts.Report
+			if !dryRun && !noAlerts && runErr == nil {
+				delivery = a.deliverAlerts(ctx, pool)
+			}
+			if asJSON {
+				if err := a.writeJSON(struct {
+					reconcile.Report
+					Delivery *alerts.Report `json:"alert_delivery,omitempty"`
+				}{rep, delivery}); err != nil {
+					return err
+				}
+			} else {
+				printReconcile(a.stdout, rep, delivery)
+			}
+			if runErr != nil {
+				if errors.Is(runErr, context.Canceled) {
+					return fmt.Errorf("reconcile interrupted: decisions already recorded are kept; unprobed keys were given back: %w", runErr)
+				}
+				return fmt.Errorf("reconcile pass: %w", runErr)
+			}
+			if rep.Actions["write_failed"] > 0 {
+				return fmt.Errorf("%d decision(s) could not be recorded (see errors above); the keys stay processing and will be retried", rep.Actions["write_failed"])
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&tools, "tool", nil, "only keys of this tool (repeatable)")
+	f.StringArrayVar(&keys, "key", nil, "only this key, ignoring its back-off (repeatable)")
+	f.BoolVar(&dryRun, "dry-run", false, "probe and report; write nothing, post nothing")
+	f.IntVar(&limit, "limit", 0, "probe at most N keys (0: no limit)")
+	f.BoolVar(&asJSON, "json", false, "print one JSON document")
+	f.BoolVar(&noAlerts, "no-alerts", false, "leave raised alerts in the outbox for 'serve' to deliver")
+	f.StringVar(&actorFlag, "actor", "", "operator name for the audit trail (default $USER)")
+	return cmd
+}
+
+// registry returns the Go probes compiled into this binary (none in the
+// stock build; a program embedding ledgerkeeper registers its own).
+func (a *app) registry() *probes.Registry {
+	if a.probes == nil {
+		a.probes = probes.NewRegistry()
+	}
+	return a.probes
+}
+
+// deliverAlerts runs one dispatcher pass; failures are reported, not fatal:
+// the alerts stay in the outbox.
+func (a *app) deliverAlerts(ctx context.Context, pool *pgxpool.Pool) *alerts.Report {
+	d, err := newDispatcher(a, pool)
+	if err != nil {
+		a.logger.Error("alert delivery not possible", "err", err)
+		return nil
+	}
+	start := time.Now()
+	rep, err := d.RunOnce(ctx)
+	if err != nil {
+		a.logger.Error("alert delivery", "err", err)
+	}
+	recordAlertsRun(ctx, a, pool, "operator:"+actor(""), start, rep, err)
+	return &rep
+}
+
+func printReconcile(w io.Writer, rep reconcile.Report, delivery *alerts.Report) {
+	verb := "Reconciled"
+	if rep.DryRun {
+		verb = "Dry run (nothing written, nothing posted):"
+	}
+	if len(rep.Keys) == 0 {
+		fmt.Fprintf(w, "%s no due keys in %s.\n", verb, rep.Duration.Round(time.Millisecond))
+	} else {
+		fmt.Fprintf(w, "%s %d key(s) in %s: %s.\n", verb, len(rep.Keys), rep.Duration.Round(time.Millisecond), summarize(rep.Actions))
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "\nTOOL\tKEY\tAGE\tATTEMPTS\tVERDICT\tACTION\tDETAIL")
+		for _, k := range rep.Keys {
+			detail := k.Error
+			if len(k.Alerts) > 0 {
+				detail = strings.TrimSpace("alert: " + strings.Join(k.Alerts, ",") + "  " + detail)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", k.Tool, k.Key, (time.Duration(k.AgeSecond) * time.Second).String(),
+				k.Attempts, k.Verdict, k.Action, oneLine(detail, 100))
+		}
+		tw.Flush()
+	}
+	for _, s := range rep.Skipped {
+		fmt.Fprintf(w, "skipped %s: %s\n", s.Key, strings.ReplaceAll(s.Action, "_", " "))
+	}
+	for _, t := range rep.Tools {
+		if t.Note != "" {
+			fmt.Fprintf(w, "%s: %s\n", t.Tool, t.Note)
+		}
+	}
+	if rep.ResolvedAlerts > 0 {
+		fmt.Fprintf(w, "%d alert(s) resolved: their keys settled since.\n", rep.ResolvedAlerts)
+	}
+	if delivery != nil {
+		switch {
+		case delivery.Permanent:
+			fmt.Fprintf(w, "Alerts NOT delivered: %s (they stay in the outbox; see 'ledgerkeeper status').\n", delivery.LastError)
+		case delivery.Messages > 0 || delivery.FailedMessages > 0:
+			fmt.Fprintf(w, "Alerts: %d message(s) posted, %d failed (%d pending).\n", delivery.Messages, delivery.FailedMessages, delivery.Pending)
+		}
+	}
+}
+
+func summarize(m map[string]int) string {
+	var parts []string
+	for _, k := range []string{"completed", "marked_retryable", "would_complete", "would_mark_retryable", "awaiting_confirmation",
+		"duplicate_alerted", "escalated_dedup_window", "backoff", "no_probe", "resolved_by_original", "held", "lease_lost", "write_failed"} {
+		if n := m[k]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, strings.ReplaceAll(k, "_", " ")))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}

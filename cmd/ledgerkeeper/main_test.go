@@ -1,0 +1,307 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+)
+
+// cli runs the command line in-process and returns exit code, stdout, stderr.
+func cli(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// tickets is a downstream API: GET /v1/tickets?idempotency_key=K.
+type tickets struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	have map[string]int
+	hits int
+}
+
+func newTickets(t *testing.T) *tickets {
+	tk := &tickets{have: map[string]int{}}
+	tk.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tk.mu.Lock()
+		defer tk.mu.Unlock()
+		tk.hits++
+		key := r.URL.Query().Get("idempotency_key")
+		data := []map[string]any{}
+		for i := range tk.have[key] {
+			data = append(data, map[string]any{"id": fmt.Sprintf("T-%s-%d", key, i), "created_at": "2026-11-30T00:00:00Z"})
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"data": data})
+	}))
+	t.Cleanup(tk.srv.Close)
+	return tk
+}
+
+func configFor(t *testing.T, tk *tickets) string {
+	t.Helper()
+	return writeFile(t, "ledgerkeeper.yaml", fmt.Sprintf(`reconcile:
+  grace: 1s
+  alert_after_attempts: 1
+tools:
+  create_ticket:
+    processing_window: 2s
+    probe:
+      type: http
+      url: "%s/v1/tickets?idempotency_key={key}"
+      match: data
+      response_code: 201
+      response_body: {ticket_id: id}
+`, tk.srv.URL))
+}
+
+func stuckKey(t *testing.T, db *pgtest.DB, tool, key string, ago time.Duration) {
+	t.Helper()
+	db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, created_at, claimed_at, expires_at)
+		VALUES ($1, $2, 'h', now() - $3::interval, now() - $3::interval, now() + interval '1 day')`, key, tool, ago)
+}
+
+func status(t *testing.T, db *pgtest.DB, key string) string {
+	t.Helper()
+	k, err := ledger.Get(context.Background(), db.Pool, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.Status
+}
+
+func TestConfigCheck(t *testing.T) {
+	t.Parallel()
+	bad := writeFile(t, "bad.yaml", "reconcile:\n  grace: 10s\n  batchsize: 3\n")
+	code, _, stderr := cli(t, "config", "check", "--config", bad)
+	if code != 2 || !strings.Contains(stderr, bad+":3: reconcile.batchsize: unknown key") {
+		t.Fatalf("code %d, stderr %q", code, stderr)
+	}
+	good := writeFile(t, "good.yaml", "alerts:\n  slack:\n    webhook_url: https://hooks.slack.com/services/T0/B0/SECRETPART\n")
+	code, out, _ := cli(t, "config", "check", "--config", good)
+	if code != 0 || strings.Contains(out, "SECRETPART") || !strings.Contains(out, "webhook_url: '****'") {
+		t.Fatalf("code %d, out %s", code, out)
+	}
+	// Flags after positional arguments work too.
+	code, _, _ = cli(t, "config", "check", "--config", good, "--json")
+	if code != 0 {
+		t.Fatalf("--json: %d", code)
+	}
+}
+
+func TestUsageAndOperationalExitCodes(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want int
+		msg  string
+	}{
+		{[]string{"frobnicate"}, 2, "unknown command"},
+		{[]string{"reconcile", "--bogus"}, 2, "unknown flag"},
+		{[]string{"inspect"}, 2, "accepts 1 arg"},
+		{[]string{"migrate", "sideways", "--database-url", "postgres://x@127.0.0.1:1/x"}, 2, "unknown subcommand"},
+		{[]string{"status"}, 2, "no database"},
+		{[]string{"status", "--database-url", "postgres://u:hunter2@127.0.0.1:1/x"}, 1, "cannot reach database at 127.0.0.1:1/x"},
+		{[]string{"resolve", "k", "--retryable"}, 2, "--reason is required"},
+		{[]string{"resolve", "k", "--completed", "--code", "201", "--body", "{nope", "--reason", "r"}, 2, "--body must be valid JSON"},
+		{[]string{"resolve", "k", "--completed", "--retryable", "--reason", "r"}, 2, "exactly one of"},
+	} {
+		code, _, stderr := cli(t, c.args...)
+		if code != c.want || !strings.Contains(stderr, c.msg) {
+			t.Errorf("%v: code %d, stderr %q; want %d and %q", c.args, code, stderr, c.want, c.msg)
+		}
+		if strings.Contains(stderr, "hunter2") {
+			t.Errorf("%v: password in stderr: %q", c.args, stderr)
+		}
+	}
+}
+
+func TestMigrateTwice(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+	code, out, stderr := cli(t, "migrate", "--database-url", db.URL)
+	if code != 0 || !strings.Contains(out, "applied 00001_ledger.sql") {
+		t.Fatalf("first migrate: %d %s %s", code, out, stderr)
+	}
+	code, out, _ = cli(t, "migrate", "up", "--database-url", db.URL)
+	if code != 0 || !strings.Contains(out, "nothing to apply") {
+		t.Fatalf("second migrate: %d %s", code, out)
+	}
+	code, out, _ = cli(t, "migrate", "status", "--database-url", db.URL)
+	if code != 0 || strings.Contains(out, "pending") {
+		t.Fatalf("status: %d %s", code, out)
+	}
+}
+
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+	var wg sync.WaitGroup
+	codes := make([]int, 4)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i], _, _ = cli(t, "migrate", "--database-url", db.URL)
+		}()
+	}
+	wg.Wait()
+	for i, c := range codes {
+		if c != 0 {
+			t.Fatalf("migrate %d exited %d", i, c)
+		}
+	}
+	if n := db.Count(t, "idempotency_keys"); n != 0 {
+		t.Fatal("schema missing")
+	}
+}
+
+func TestReconcileCommand(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	tk := newTickets(t)
+	cfg := configFor(t, tk)
+	stuckKey(t, db, "create_ticket", "wf-1:found", time.Minute)
+	stuckKey(t, db, "create_ticket", "wf-2:absent", time.Minute)
+	stuckKey(t, db, "create_ticket", "wf-3:young", 0)
+	tk.have["wf-1:found"] = 1
+
+	// Dry run: probes, reports, changes nothing.
+	code, out, stderr := cli(t, "reconcile", "--dry-run", "--config", cfg, "--database-url", db.URL)
+	if code != 0 || !strings.Contains(out, "would_complete") || !strings.Contains(out, "would_mark_retryable") {
+		t.Fatalf("dry run: %d\n%s\n%s", code, out, stderr)
+	}
+	if status(t, db, "wf-1:found") != "processing" || db.Count(t, "reconcile_audit") != 0 {
+		t.Fatal("dry run wrote")
+	}
+
+	code, out, stderr = cli(t, "reconcile", "--json", "--no-alerts", "--config", cfg, "--database-url", db.URL)
+	if code != 0 {
+		t.Fatalf("reconcile: %d %s %s", code, out, stderr)
+	}
+	var rep struct {
+		Keys []struct{ Key, Action string }
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("--json output is not one JSON document: %v\n%s", err, out)
+	}
+	if len(rep.Keys) != 2 {
+		t.Fatalf("keys = %+v", rep.Keys)
+	}
+	if status(t, db, "wf-1:found") != "completed" || status(t, db, "wf-2:absent") != "failed_retryable" || status(t, db, "wf-3:young") != "processing" {
+		t.Fatal("wrong statuses after reconcile")
+	}
+
+	// --key never overrides the processing window.
+	code, out, _ = cli(t, "reconcile", "--key", "wf-3:young", "--config", cfg, "--database-url", db.URL, "--no-alerts")
+	if code != 0 || status(t, db, "wf-3:young") != "processing" || !strings.Contains(out, "no due keys") {
+		t.Fatalf("--key on an in-flight key: %d %s", code, out)
+	}
+}
+
+func TestOperatorCommands(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	tk := newTickets(t)
+	cfg := configFor(t, tk)
+	url := db.URL
+	stuckKey(t, db, "create_ticket", "k-held", time.Minute)
+	stuckKey(t, db, "create_ticket", "k-young", 0)
+
+	code, out, stderr := cli(t, "hold", "k-held", "--reason", "checking with payments", "--actor", "alice", "--config", cfg, "--database-url", url)
+	if code != 0 {
+		t.Fatalf("hold: %d %s %s", code, out, stderr)
+	}
+	code, out, _ = cli(t, "status", "--config", cfg, "--database-url", url)
+	if code != 0 || !strings.Contains(out, "k-held") || !strings.Contains(out, "checking with payments") {
+		t.Fatalf("status does not list the hold: %s", out)
+	}
+	cli(t, "reconcile", "--no-alerts", "--config", cfg, "--database-url", url)
+	if tk.hits != 0 || status(t, db, "k-held") != "processing" {
+		t.Fatalf("held key probed (%d hits) or changed", tk.hits)
+	}
+	stuckKey(t, db, "create_ticket", "k-resolve", time.Minute)
+	code, _, stderr = cli(t, "resolve", "k-held", "--retryable", "--reason", "x", "--config", cfg, "--database-url", url)
+	if code != 1 || !strings.Contains(stderr, "on hold") {
+		t.Fatalf("resolve of a held key: %d %s", code, stderr)
+	}
+	if code, _, _ = cli(t, "release", "k-held", "--actor", "bob", "--config", cfg, "--database-url", url); code != 0 {
+		t.Fatalf("release: %d", code)
+	}
+	if code, _, stderr = cli(t, "release", "k-held", "--config", cfg, "--database-url", url); code != 1 || !strings.Contains(stderr, "not on hold") {
+		t.Fatalf("second release: %d %s", code, stderr)
+	}
+
+	// resolve: in flight refused, then success, then refused as not processing.
+	code, _, stderr = cli(t, "resolve", "k-young", "--retryable", "--reason", "x", "--config", cfg, "--database-url", url)
+	if code != 1 || !strings.Contains(stderr, "in flight") || status(t, db, "k-young") != "processing" {
+		t.Fatalf("resolve in flight: %d %s", code, stderr)
+	}
+	code, out, stderr = cli(t, "resolve", "k-resolve", "--completed", "--code", "201", "--body", `{"ticket_id":"T-77"}`,
+		"--reason", "found it in the tickets UI", "--actor", "carol", "--config", cfg, "--database-url", url)
+	if code != 0 || status(t, db, "k-resolve") != "completed" {
+		t.Fatalf("resolve: %d %s %s", code, out, stderr)
+	}
+	res, err := ledger.Claim(context.Background(), db.Pool, ledger.ClaimParams{Key: "k-resolve", Tool: "create_ticket", RequestHash: "h"})
+	if err != nil || res.Outcome != ledger.Replay || !strings.Contains(string(res.Row.ResponseBody), "T-77") {
+		t.Fatalf("replay after manual resolve: %v %+v", err, res)
+	}
+	code, _, stderr = cli(t, "resolve", "k-resolve", "--retryable", "--reason", "x", "--config", cfg, "--database-url", url)
+	if code != 1 || !strings.Contains(stderr, "not processing") {
+		t.Fatalf("resolve of a completed key: %d %s", code, stderr)
+	}
+
+	// inspect shows the history with actors and reasons.
+	code, out, _ = cli(t, "inspect", "k-resolve", "--config", cfg, "--database-url", url)
+	if code != 0 || !strings.Contains(out, "operator_completed") || !strings.Contains(out, "carol") || !strings.Contains(out, "found it in the tickets UI") {
+		t.Fatalf("inspect: %d\n%s", code, out)
+	}
+	code, out, _ = cli(t, "inspect", "--json", "k-held", "--config", cfg, "--database-url", url)
+	var in struct {
+		History []struct{ Action, Actor string }
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &in) != nil || len(in.History) != 2 || in.History[0].Actor != "alice" || in.History[1].Action != "release" {
+		t.Fatalf("inspect --json: %d %s", code, out)
+	}
+	if code, _, stderr = cli(t, "inspect", "nope", "--database-url", url); code != 1 || !strings.Contains(stderr, "no key") {
+		t.Fatalf("inspect missing: %d %s", code, stderr)
+	}
+
+	// status --json is one document.
+	code, out, _ = cli(t, "status", "--json", "--config", cfg, "--database-url", url)
+	var st map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st["tools"] == nil {
+		t.Fatalf("status --json: %d %s", code, out)
+	}
+}
+
+func TestSchemaRequired(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+	code, _, stderr := cli(t, "reconcile", "--database-url", db.URL)
+	if code != 1 || !strings.Contains(stderr, "ledgerkeeper migrate") {
+		t.Fatalf("unmigrated: %d %s", code, stderr)
+	}
+}
