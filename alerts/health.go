@@ -114,3 +114,25 @@ func OpenKeyAlertsAfter(ctx context.Context, db DBTX, after OpenAlert, limit int
 	}
 	return out, nil
 }
+
+// PendingByTool counts undelivered alerts per tool, for the per-tool lines
+// of `ledgerkeeper status`. Like Health it reads pending rows only.
+func PendingByTool(ctx context.Context, db DBTX) (map[string]int, error) {
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	rows, err := db.Query(ctx, `SELECT coalesce(tool, ''), count(*) FROM alert_outbox WHERE status = 'pending' GROUP BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("count pending alerts per tool: %w", err)
+	}
+	out := map[string]int{}
+	var tool string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&tool, &n}, func() error {
+		out[tool] = n
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count pending alerts per tool: %w", err)
+	}
+	return out, nil
+}

@@ -30,6 +30,7 @@ type toolStatus struct {
 	WindowSeconds float64 `json:"processing_window_plus_grace_seconds"`
 	P99Seconds    float64 `json:"observed_p99_processing_seconds,omitempty"`
 	P99Samples    int     `json:"observed_samples,omitempty"`
+	PendingAlerts int     `json:"pending_alerts"`
 }
 
 // p99Since is the look-back of the processing-time check.
@@ -60,6 +61,10 @@ func newStatusCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			pending, err := alerts.PendingByTool(ctx, pool)
+			if err != nil {
+				return err
+			}
 			p99 := map[string]ledger.ToolLatency{}
 			for _, l := range lat {
 				p99[l.Tool] = l
@@ -67,7 +72,7 @@ func newStatusCmd(a *app) *cobra.Command {
 			for _, s := range stats {
 				pol := a.cfg.Policy(s.Tool)
 				win, _ := a.windows(s.Tool)
-				ts := toolStatus{ToolStats: s, Configured: pol.Configured, HasProbe: pol.Probe != nil, WindowSeconds: win.Seconds()}
+				ts := toolStatus{ToolStats: s, Configured: pol.Configured, HasProbe: pol.Probe != nil, WindowSeconds: win.Seconds(), PendingAlerts: pending[s.Tool]}
 				if l, ok := p99[s.Tool]; ok {
 					ts.P99Seconds, ts.P99Samples = l.P99Seconds, l.Samples
 					if l.Samples >= 20 && l.P99Seconds > pol.ProcessingWindow.Seconds() {
@@ -113,7 +118,7 @@ func printStatus(a *app, st statusReport) {
 		fmt.Fprintln(w, "The ledger is empty.")
 	} else {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "TOOL\tIN FLIGHT\tSTUCK\tOLDEST STUCK\tFAILED_RETRYABLE\tCOMPLETED\tHELD\tWINDOW+GRACE\tP99 (1h)\tPROBE")
+		fmt.Fprintln(tw, "TOOL\tIN FLIGHT\tSTUCK\tOLDEST STUCK\tFAILED_RETRYABLE\tCOMPLETED\tHELD\tALERTS PENDING\tWINDOW+GRACE\tP99 (1h)\tPROBE")
 		for _, t := range st.Tools {
 			oldest := "-"
 			if t.OldestStuckClaimedAt != nil {
@@ -130,8 +135,8 @@ func printStatus(a *app, st statusReport) {
 			case !t.HasProbe:
 				probe = "none"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", t.Tool, t.InWindow, t.Stuck, oldest, t.FailedRetryable,
-				t.Completed, t.Held, time.Duration(t.WindowSeconds*float64(time.Second)), p99, probe)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", t.Tool, t.InWindow, t.Stuck, oldest, t.FailedRetryable,
+				t.Completed, t.Held, t.PendingAlerts, time.Duration(t.WindowSeconds*float64(time.Second)), p99, probe)
 		}
 		tw.Flush()
 	}
