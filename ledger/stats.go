@@ -15,7 +15,8 @@ type ToolStats struct {
 	// InWindow: processing and still inside window + grace, or with a
 	// fresh heartbeat (in flight, hands off).
 	InWindow int `json:"processing_in_window"`
-	// Stuck: processing past window + grace without a fresh heartbeat.
+	// Stuck: processing past window + grace without a fresh heartbeat, and
+	// not on hold.
 	Stuck int `json:"stuck"`
 	// OldestStuckClaimedAt is the claimed_at of the oldest stuck key.
 	OldestStuckClaimedAt *time.Time `json:"oldest_stuck_claimed_at,omitempty"`
@@ -118,14 +119,19 @@ func StuckStats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, err
 		s := &out[i]
 		w, hb := windows(s.Tool)
 		var age *float64
-		err := db.QueryRow(ctx, `SELECT count(*), min(claimed_at), extract(epoch FROM now() - min(claimed_at))::float8
-			FROM idempotency_keys
-			WHERE status = 'processing' AND tool = $1 AND claimed_at <= now() - $2::interval
-			  AND (heartbeat_at IS NULL OR heartbeat_at <= now() - $3::interval)`, s.Tool, w, hb).Scan(&s.Stuck, &s.OldestStuckClaimedAt, &age)
+		var heldStuck int
+		// A held key is parked by an operator: not stuck, not in flight.
+		err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT held), min(claimed_at) FILTER (WHERE NOT held),
+				extract(epoch FROM now() - min(claimed_at) FILTER (WHERE NOT held))::float8, count(*) FILTER (WHERE held)
+			FROM (SELECT k.claimed_at, EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key) AS held
+			      FROM idempotency_keys k
+			      WHERE k.status = 'processing' AND k.tool = $1 AND k.claimed_at <= now() - $2::interval
+			        AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - $3::interval)) s`, s.Tool, w, hb).
+			Scan(&s.Stuck, &s.OldestStuckClaimedAt, &age, &heldStuck)
 		if err != nil {
 			return nil, wrap("count stuck keys", err)
 		}
-		s.InWindow = max(s.InWindow-s.Stuck, 0)
+		s.InWindow = max(s.InWindow-s.Stuck-heldStuck, 0)
 		if age != nil {
 			s.OldestStuckAgeSeconds = *age
 		}

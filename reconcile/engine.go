@@ -151,6 +151,11 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, metrics *Metrics) 
 		logger = slog.New(slog.DiscardHandler)
 	}
 	cfg.applyDefaults()
+	if metrics != nil {
+		for tool := range cfg.Tools {
+			metrics.initTool(tool)
+		}
+	}
 	return &Engine{cfg: cfg, pool: pool, logger: logger, metrics: metrics}
 }
 

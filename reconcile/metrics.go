@@ -55,6 +55,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// initTool starts a configured tool's counters at zero, so that rate() and
+// increase() see their first event.
+func (m *Metrics) initTool(tool string) {
+	m.breakerOpens.WithLabelValues(tool)
+	for _, v := range []string{"found", "not_found", "duplicate", "unknown"} {
+		m.probes.WithLabelValues(tool, v)
+	}
+	for _, a := range []string{ActionCompleted, ActionMarkedRetryable, ActionBackoff, ActionDuplicate} {
+		m.decisions.WithLabelValues(tool, a)
+	}
+}
+
 func (m *Metrics) observeProbe(tool, verdict string, d time.Duration) {
 	m.probes.WithLabelValues(tool, verdict).Inc()
 	m.probeDuration.WithLabelValues(tool).Observe(d.Seconds())

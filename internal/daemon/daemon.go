@@ -237,6 +237,8 @@ func (d *Daemon) handler() http.Handler {
 	return mux
 }
 
+// jobMetrics label the scheduled job "task": a label named "job" would clash
+// with Prometheus's scrape job and be renamed exported_job.
 type jobMetrics struct {
 	runs        *prometheus.CounterVec
 	skipped     *prometheus.CounterVec
@@ -249,20 +251,20 @@ func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ledgerkeeper_job_runs_total",
 			Help: "Scheduled job runs, by job and result (ok, error, cancelled).",
-		}, []string{"job", "result"}),
+		}, []string{"task", "result"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ledgerkeeper_job_skipped_total",
 			Help: "Ticks skipped because the job's previous run was still going.",
-		}, []string{"job"}),
+		}, []string{"task"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ledgerkeeper_job_duration_seconds",
 			Help:    "Duration of scheduled job runs.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
-		}, []string{"job"}),
+		}, []string{"task"}),
 		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ledgerkeeper_job_last_success_timestamp_seconds",
 			Help: "Unix time of the job's last successful run.",
-		}, []string{"job"}),
+		}, []string{"task"}),
 	}
 	reg.MustRegister(m.runs, m.skipped, m.duration, m.lastSuccess)
 	return m

@@ -12,10 +12,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/goleak"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) } // goroutine leaks are checked there too
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -84,7 +85,7 @@ func TestEndpointsAndJobs(t *testing.T) {
 	if got := testutil.ToFloat64(d.metrics.runs.WithLabelValues("fails", "error")); got != 1 {
 		t.Fatalf("failed runs = %v", got)
 	}
-	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, `ledgerkeeper_job_runs_total{job="ok",result="ok"} 1`) {
+	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, `ledgerkeeper_job_runs_total{result="ok",task="ok"} 1`) {
 		t.Fatalf("metrics %d:\n%s", code, body)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
 
 // LedgerMetrics are gauges of the ledger's state, refreshed by the daemon's
@@ -20,6 +21,7 @@ type LedgerMetrics struct {
 	p99         *prometheus.GaugeVec
 	held        prometheus.Gauge
 	up          prometheus.Gauge
+	breakerOpen *prometheus.GaugeVec
 
 	mu       sync.Mutex
 	lastP99  time.Time
@@ -56,9 +58,13 @@ func NewLedgerMetrics(reg prometheus.Registerer) *LedgerMetrics {
 			Name: "ledgerkeeper_ledger_up",
 			Help: "1 if the last observation of the ledger succeeded.",
 		}),
+		breakerOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ledgerkeeper_reconcile_breaker_open",
+			Help: "1 while the tool's circuit breaker is open (probing paused), else 0.",
+		}, []string{"tool"}),
 		seenTool: map[string]bool{},
 	}
-	reg.MustRegister(m.stuck, m.inFlight, m.oldestStuck, m.p99, m.held, m.up)
+	reg.MustRegister(m.stuck, m.inFlight, m.oldestStuck, m.p99, m.held, m.up, m.breakerOpen)
 	return m
 }
 
@@ -104,11 +110,28 @@ func (m *LedgerMetrics) update(ctx context.Context, db ledger.DBTX, windows ledg
 		return err
 	}
 	m.held.Set(float64(len(holds)))
+	breakers, err := reconcile.Breakers(ctx, db)
+	if err != nil {
+		return err
+	}
+	open := map[string]bool{}
+	for _, b := range breakers {
+		open[b.Tool] = b.Open
+		m.seenTool[b.Tool] = true
+	}
+	for t := range m.seenTool {
+		v := 0.0
+		if open[t] {
+			v = 1
+		}
+		m.breakerOpen.WithLabelValues(t).Set(v)
+	}
 	if time.Since(m.lastP99) >= p99Every {
 		lat, err := ledger.ProcessingP99(ctx, db, time.Hour)
 		if err != nil {
 			return err
 		}
+		m.p99.Reset() // a tool without completions in the hour has no p99
 		for _, l := range lat {
 			m.p99.WithLabelValues(l.Tool).Set(l.P99Seconds)
 		}
