@@ -12,7 +12,10 @@
 //   - created_at < now() - floor, where the floor is retention.min_age or
 //     the tool's retention.tools.<tool>.min_age (config refuses a floor
 //     shorter than the tool's processing window plus grace);
-//   - it is not on hold (key_holds): holds are absolute (invariant 10).
+//   - it is not on hold (key_holds): holds are absolute (invariant 10). A
+//     hold that commits while the DELETE waits on the key's row (PutHold
+//     locks the row first) is caught by a second look under a fresh
+//     snapshot, and the batch is rolled back and chosen again without it.
 //
 // Its reconcile_state row goes with it. Expired processing keys are counted
 // on each pass and each gets one expired_processing alert in the outbox

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	neturl "net/url"
 	"slices"
 	"sync"
 	"time"
@@ -32,6 +33,8 @@ var benchSettings = map[string]string{
 	"checkpoint_timeout":          "15min",
 	"log_min_messages":            "warning",
 	"log_autovacuum_min_duration": "-1",
+	// Per-statement WAL bytes, so a purge's WAL is told from the writer's.
+	"shared_preload_libraries": "pg_stat_statements",
 }
 
 // startServer uses url, or starts an ephemeral durable cluster.
@@ -73,6 +76,60 @@ func (s *server) createDB(ctx context.Context, name, template string) (string, e
 
 func (s *server) dropDB(ctx context.Context, name string) {
 	_ = s.exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+}
+
+// purgeRole is the role the purge variants connect as: pg_stat_statements
+// counts WAL per role, which separates the purge's WAL from the writer's.
+const purgeRole = "lkbench_purge"
+
+// asRole returns u with its user replaced.
+func asRole(u, role string) string {
+	parsed, err := neturl.Parse(u)
+	if err != nil {
+		return u
+	}
+	parsed.User = neturl.User(role)
+	return parsed.String()
+}
+
+// walMeter measures the WAL written by purgeRole's statements, when
+// pg_stat_statements is loaded; ok is false otherwise.
+type walMeter struct {
+	db *pgxpool.Pool
+	ok bool
+}
+
+func newWALMeter(ctx context.Context, admin *pgxpool.Pool, logf func(string, ...any)) walMeter {
+	_, err := admin.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
+	if err == nil {
+		_, err = admin.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+	}
+	if err == nil {
+		_, err = admin.Exec(ctx, `DO $$ BEGIN
+			IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '`+purgeRole+`') THEN
+				CREATE ROLE `+purgeRole+` LOGIN SUPERUSER;
+			END IF; END $$`)
+	}
+	if err != nil {
+		logf("no per-statement WAL (%v): estimating the purge's WAL by subtracting the writer's", err)
+	}
+	return walMeter{db: admin, ok: err == nil}
+}
+
+func (m walMeter) reset(ctx context.Context) error {
+	if !m.ok {
+		return nil
+	}
+	_, err := m.db.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+	return err
+}
+
+func (m walMeter) bytes(ctx context.Context) (int64, error) {
+	var n int64
+	err := m.db.QueryRow(ctx, `SELECT coalesce(sum(wal_bytes), 0)::bigint FROM pg_stat_statements
+		WHERE userid = (SELECT oid FROM pg_roles WHERE rolname = $1)
+		  AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`, purgeRole).Scan(&n)
+	return n, err
 }
 
 func newPool(ctx context.Context, url string, maxConns int32, app string) (*pgxpool.Pool, error) {
@@ -203,4 +260,23 @@ func logger(w io.Writer) func(string, ...any) {
 	return func(format string, args ...any) {
 		fmt.Fprintf(w, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
+}
+
+// second is the writer's latency over one second of the run.
+type second struct {
+	T     int     `json:"t"` // seconds since the start of the timeline
+	N     int     `json:"n"`
+	P50ms float64 `json:"p50_ms"`
+	MaxMs float64 `json:"max_ms"`
+}
+
+// timeline summarises [from, to) second by second, to see when a stall
+// happened (a purge batch, a vacuum, a checkpoint, a neighbour's build).
+func (l *openLoop) timeline(from, to time.Time) []second {
+	var out []second
+	for t := from; t.Before(to); t = t.Add(time.Second) {
+		w := l.window(t, t.Add(time.Second))
+		out = append(out, second{T: int(t.Sub(from) / time.Second), N: w.N, P50ms: w.P50ms, MaxMs: w.MaxMs})
+	}
+	return out
 }

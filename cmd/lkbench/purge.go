@@ -60,8 +60,16 @@ type purgeResult struct {
 	Seconds        float64 `json:"purge_seconds"`
 	RowsPerSecond  float64 `json:"rows_per_second"`
 	WALBytesPerRow float64 `json:"wal_bytes_per_row"`
-	During         latency `json:"writer_during"`
-	After          latency `json:"writer_after"`
+	// WALExact: measured per statement (pg_stat_statements), not estimated.
+	WALExact bool    `json:"wal_exact"`
+	During   latency `json:"writer_during"`
+	After    latency `json:"writer_after"`
+	// Autovacuums of idempotency_keys and checkpoints that began while the
+	// purge ran (or during the no-purge window): vacuum follows a purge.
+	Autovacuums int64 `json:"autovacuums_during"`
+	Checkpoints int64 `json:"checkpoints_during"`
+	// Timeline is the writer's latency second by second, warm-up included.
+	Timeline []second `json:"timeline"`
 }
 
 func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -100,8 +108,12 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	names := strings.Split(*variants, ",")
 	for _, n := range names {
-		if _, ok := purgeVariants[n]; !ok {
-			return fmt.Errorf("unknown variant %q (want none, delete, river, ledgerkeeper)", n)
+		base, _, _ := strings.Cut(n, ":")
+		if _, ok := purgeVariants[base]; !ok {
+			return fmt.Errorf("unknown variant %q (want none, delete, river, ledgerkeeper[:batch=N][:duty=F][:target=D][:pause=D])", n)
+		}
+		if _, err := variantConfig(n, lkCfg); err != nil {
+			return err
 		}
 	}
 
@@ -145,6 +157,32 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	return nil
+}
+
+// variantConfig applies a variant's overrides ("ledgerkeeper:duty=0.15:batch=500")
+// to the purger's configuration.
+func variantConfig(name string, cfg expiry.Config) (expiry.Config, error) {
+	parts := strings.Split(name, ":")
+	for _, kv := range parts[1:] {
+		k, v, _ := strings.Cut(kv, "=")
+		var err error
+		switch k {
+		case "batch":
+			_, err = fmt.Sscan(v, &cfg.BatchSize)
+		case "duty":
+			_, err = fmt.Sscan(v, &cfg.DutyCycle)
+		case "target":
+			cfg.BatchTarget, err = time.ParseDuration(v)
+		case "pause":
+			cfg.BatchPause, err = time.ParseDuration(v)
+		default:
+			err = fmt.Errorf("unknown setting %q", k)
+		}
+		if err != nil {
+			return cfg, fmt.Errorf("variant %q: %s: %v", name, kv, err)
+		}
+	}
+	return cfg, nil
 }
 
 func cmpOr[T comparable](v, def T) T {
@@ -203,7 +241,7 @@ func buildBase(ctx context.Context, srv *server, name string, keys int64, logf f
 func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expiry.Config, rate float64, workers int,
 	warmup, baseline, after time.Duration, logf func(string, ...any)) (purgeResult, error) {
 	res := purgeResult{Variant: name}
-	dbName := "lkbench_purge_" + name
+	dbName := fmt.Sprintf("lkbench_purge_%d", time.Now().UnixNano())
 	url, err := srv.createDB(ctx, dbName, base)
 	if err != nil {
 		return res, err
@@ -214,7 +252,24 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 		return res, err
 	}
 	defer writerPool.Close()
-	purgePool, err := newPool(ctx, url, 4, "lkbench-purge")
+	adminPool, err := newPool(ctx, url, 2, "lkbench-admin")
+	if err != nil {
+		return res, err
+	}
+	defer adminPool.Close()
+	meter := newWALMeter(ctx, adminPool, logf)
+	purgeURL := url
+	if meter.ok {
+		purgeURL = asRole(url, purgeRole)
+	}
+	purgePool, err := newPool(ctx, purgeURL, 4, "lkbench-purge")
+	if err == nil && purgePool.Ping(ctx) != nil && purgeURL != url {
+		// The role cannot log in here (password auth): estimate instead.
+		logf("cannot connect as %s: estimating the purge's WAL by subtracting the writer's", purgeRole)
+		purgePool.Close()
+		meter.ok = false
+		purgePool, err = newPool(ctx, url, 4, "lkbench-purge")
+	}
 	if err != nil {
 		return res, err
 	}
@@ -257,7 +312,15 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 	}
 	writerWALPerSec := float64(lsnW1-lsnW0) / warmup.Seconds()
 
-	purge := purgeVariants[name]
+	vac0, err := maintenance(ctx, adminPool)
+	if err != nil {
+		return res, err
+	}
+	kind, _, _ := strings.Cut(name, ":")
+	purge := purgeVariants[kind]
+	if lkCfg, err = variantConfig(name, lkCfg); err != nil {
+		return res, err
+	}
 	t0 := time.Now()
 	if purge == nil {
 		logf("%s: measuring the writer alone for %s", name, baseline)
@@ -268,6 +331,9 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 		logf("%s: purging", name)
 		lsn0, err := walLSN(ctx, purgePool)
 		if err != nil {
+			return res, err
+		}
+		if err := meter.reset(ctx); err != nil {
 			return res, err
 		}
 		res.Rows, err = purge(ctx, purgePool, lkCfg)
@@ -282,12 +348,25 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 		res.Seconds = round2(d.Seconds())
 		if res.Rows > 0 {
 			res.RowsPerSecond = float64(int64(float64(res.Rows) / d.Seconds()))
-			// The writer's own WAL, at its warm-up rate, is not the purge's.
-			res.WALBytesPerRow = float64(int64((float64(lsn1-lsn0) - writerWALPerSec*d.Seconds()) / float64(res.Rows)))
+			purgeWAL := float64(lsn1-lsn0) - writerWALPerSec*d.Seconds() // estimate: minus the writer at its warm-up rate
+			if meter.ok {
+				b, err := meter.bytes(ctx) // exact: the purge role's statements
+				if err != nil {
+					return res, err
+				}
+				purgeWAL = float64(b)
+				res.WALExact = true
+			}
+			res.WALBytesPerRow = float64(int64(purgeWAL / float64(res.Rows)))
 		}
 		logf("%s: purged %d rows in %s", name, res.Rows, d.Round(time.Millisecond))
 	}
 	t1 := time.Now()
+	vac1, err := maintenance(ctx, adminPool)
+	if err != nil {
+		return res, err
+	}
+	res.Autovacuums, res.Checkpoints = vac1.autovacuums-vac0.autovacuums, vac1.checkpoints-vac0.checkpoints
 	logf("%s: measuring the %s after", name, after)
 	if err := sleepCtx(ctx, after); err != nil {
 		return res, err
@@ -297,6 +376,7 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 	<-loopDone
 	res.During = loop.window(t0, t1)
 	res.After = loop.window(t1, t2)
+	res.Timeline = loop.timeline(t0.Add(-warmup), t2)
 	logf("%s: writer during p50 %.2fms p99 %.2fms max %.2fms; after p50 %.2fms p99 %.2fms max %.2fms",
 		name, res.During.P50ms, res.During.P99ms, res.During.MaxMs, res.After.P50ms, res.After.P99ms, res.After.MaxMs)
 	return res, nil
@@ -316,16 +396,21 @@ func printPurgeResults(w io.Writer, results []purgeResult) {
 		return fmt.Sprintf(" (%.2fx)", v/b)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "variant\trows\tseconds\trows/s\tWAL B/row\twriter during: p50\tp99\tmax\tafter 15s: p50\tp99\tmax")
+	fmt.Fprintln(tw, "variant\trows\tseconds\trows/s\tWAL B/row\twriter during: p50\tp99\tmax\tafter 15s: p50\tp99\tmax\tautovacuums\tcheckpoints")
 	for _, r := range results {
 		var b50, b99 float64
 		if base != nil {
 			b50, b99 = base.P50ms, base.P99ms
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.0f\t%.0f\t%.2f ms%s\t%.2f ms%s\t%.1f ms\t%.2f ms%s\t%.2f ms%s\t%.1f ms\n",
-			r.Variant, r.Rows, r.Seconds, r.RowsPerSecond, r.WALBytesPerRow,
+		wal := fmt.Sprintf("%.0f", r.WALBytesPerRow)
+		if !r.WALExact && r.Rows > 0 {
+			wal = "~" + wal
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.0f\t%s\t%.2f ms%s\t%.2f ms%s\t%.1f ms\t%.2f ms%s\t%.2f ms%s\t%.1f ms\t%d\t%d\n",
+			r.Variant, r.Rows, r.Seconds, r.RowsPerSecond, wal,
 			r.During.P50ms, ratio(r.During.P50ms, b50), r.During.P99ms, ratio(r.During.P99ms, b99), r.During.MaxMs,
-			r.After.P50ms, ratio(r.After.P50ms, b50), r.After.P99ms, ratio(r.After.P99ms, b99), r.After.MaxMs)
+			r.After.P50ms, ratio(r.After.P50ms, b50), r.After.P99ms, ratio(r.After.P99ms, b99), r.After.MaxMs,
+			r.Autovacuums, r.Checkpoints)
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -333,6 +418,18 @@ func printPurgeResults(w io.Writer, results []purgeResult) {
 			fmt.Fprintf(w, "%s: %d writer requests failed\n", r.Variant, r.During.Errors+r.After.Errors)
 		}
 	}
+}
+
+type maint struct{ autovacuums, checkpoints int64 }
+
+// maintenance reads the autovacuum count of idempotency_keys and the
+// checkpoint count, so a result can say what maintenance overlapped it.
+func maintenance(ctx context.Context, db *pgxpool.Pool) (maint, error) {
+	var m maint
+	err := db.QueryRow(ctx, `SELECT
+		(SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'idempotency_keys'),
+		(SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)`).Scan(&m.autovacuums, &m.checkpoints)
+	return m, err
 }
 
 func round2(f float64) float64 { return float64(int64(f*100)) / 100 }
