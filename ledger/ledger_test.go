@@ -512,3 +512,61 @@ func TestStats(t *testing.T) {
 		t.Fatalf("stats = %+v", s)
 	}
 }
+
+// A decision about an old claim never touches the bookkeeping or the live
+// lease of the key's new claim.
+func TestStaleDecisionLeavesNewClaimAlone(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	claim(t, db.Pool, "k", "h")
+	age(t, db, "k", time.Minute)
+	old := lease(t, db.Pool, "replica-a", ledger.LeaseParams{})[0]
+	// The first claim is abandoned and re-claimed; replica B leases the new one.
+	if err := ledger.Abandon(ctx, db.Pool, "k", old.ClaimedAt); err != nil {
+		t.Fatal(err)
+	}
+	claim(t, db.Pool, "k", "h")
+	age(t, db, "k", 2*time.Minute)
+	fresh := lease(t, db.Pool, "replica-b", ledger.LeaseParams{})
+	if len(fresh) != 1 {
+		t.Fatalf("new claim not leased: %+v", fresh)
+	}
+	// A's stale decision arrives.
+	res := decide(t, db, ledger.Decision{Key: "k", Tool: "create_ticket", ClaimedAt: old.ClaimedAt, Owner: "replica-a", Actor: "a",
+		Verdict: "found", Transition: ledger.StatusCompleted, ResponseCode: 200, ResponseBody: json.RawMessage(`{}`), Action: "completed", CountAttempt: true})
+	if res.Applied || res.Action != ledger.ActionResolvedByOriginal {
+		t.Fatalf("stale decision: %+v", res)
+	}
+	st, err := ledger.GetState(ctx, db.Pool, "k")
+	if err != nil || st.LeaseOwner == nil || *st.LeaseOwner != "replica-b" || !st.ClaimedAt.Equal(fresh[0].ClaimedAt) {
+		t.Fatalf("new claim's lease clobbered: %+v %v", st, err)
+	}
+	if got := lease(t, db.Pool, "replica-c", ledger.LeaseParams{}); len(got) != 0 {
+		t.Fatalf("a third replica leased a key B holds: %+v", got)
+	}
+}
+
+// An operator decision with RequireIdle refuses a key in flight by the
+// database's clock, and may complete a failed_retryable key not re-claimed.
+func TestOperatorDecisionGuards(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	fresh := claim(t, db.Pool, "young", "h")
+	res := decide(t, db, ledger.Decision{Key: "young", Tool: "create_ticket", ClaimedAt: fresh.Row.ClaimedAt, Actor: "op", Verdict: "operator",
+		Transition: ledger.StatusFailedRetryable, Action: "operator_marked_retryable", RequireIdle: true, Window: time.Minute, HeartbeatTimeout: time.Minute})
+	if res.Applied || res.Action != ledger.ActionInFlight || db.Count(t, "reconcile_audit") != 0 {
+		t.Fatalf("in-flight operator decision: %+v", res)
+	}
+	old := claim(t, db.Pool, "old", "h")
+	if err := ledger.Abandon(ctx, db.Pool, "old", old.Row.ClaimedAt); err != nil {
+		t.Fatal(err)
+	}
+	age(t, db, "old", time.Hour)
+	k, _ := ledger.Get(ctx, db.Pool, "old")
+	res = decide(t, db, ledger.Decision{Key: "old", Tool: "create_ticket", ClaimedAt: k.ClaimedAt, Actor: "op", Verdict: "operator",
+		Transition: ledger.StatusCompleted, ResponseCode: 201, ResponseBody: json.RawMessage(`{"id":1}`), Action: "operator_completed",
+		AllowFailedRetryable: true, RequireIdle: true, Window: time.Minute})
+	if !res.Applied || res.Current.Status != ledger.StatusCompleted {
+		t.Fatalf("completing a failed_retryable key: %+v", res)
+	}
+}

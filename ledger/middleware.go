@@ -170,7 +170,9 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 		attempt := Attempt{Key: key, Tool: cfg.Tool, ClaimedAt: res.Row.ClaimedAt, db: cfg.DB}
 		r = r.WithContext(context.WithValue(r.Context(), attemptKey{}, attempt))
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		stopBeat := startHeartbeat(r.Context(), cfg, attempt)
+		// The heartbeat follows the handler, not the client: a client that
+		// gave up does not make a live attempt look dead.
+		stopBeat := startHeartbeat(context.WithoutCancel(r.Context()), cfg, attempt)
 		rec := &recorder{header: http.Header{}, code: http.StatusOK}
 		func() {
 			// A panic propagates (net/http aborts the connection) with the

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // LeaseParams select due keys of one tool.
@@ -42,6 +44,9 @@ type Leased struct {
 	FirstNotFoundAt *time.Time
 	// LeaseExpiresAt is when the lease lapses.
 	LeaseExpiresAt time.Time
+	// Now is the database's clock when the key was leased: ages and waits
+	// are measured against it, never against a replica's clock.
+	Now time.Time
 }
 
 // LeaseDue leases up to p.Limit due keys of p.Tool, oldest claim first, and
@@ -90,12 +95,16 @@ WITH candidates AS (
 		last_error = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_error END,
 		last_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_probe_at END,
 		claimed_at = excluded.claimed_at
-	WHERE s.claimed_at <> excluded.claimed_at OR s.lease_expires_at IS NULL OR s.lease_expires_at <= now()
+	-- Evaluated on the latest committed row, not the statement's snapshot:
+	-- a lease or back-off written since the snapshot still counts.
+	WHERE s.claimed_at <> excluded.claimed_at OR (
+	      (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
+	      AND ($5 OR s.next_probe_at IS NULL OR s.next_probe_at <= now()))
 	RETURNING s.key, s.attempts, s.first_not_found_at, s.lease_expires_at
 )
 SELECT c.key, c.tool, c.request_hash, c.request_body, c.status, c.response_code, c.response_body,
        c.created_at, c.claimed_at, c.updated_at, c.expires_at, c.heartbeat_at,
-       l.attempts, l.first_not_found_at, l.lease_expires_at
+       l.attempts, l.first_not_found_at, l.lease_expires_at, now()
 FROM leased l JOIN candidates c ON c.key = l.key
 ORDER BY c.claimed_at`
 	var keys []string
@@ -110,20 +119,46 @@ ORDER BY c.claimed_at`
 		var l Leased
 		err := row.Scan(&l.Key.Key, &l.Tool, &l.RequestHash, &l.RequestBody, &l.Status, &l.ResponseCode,
 			&l.ResponseBody, &l.CreatedAt, &l.ClaimedAt, &l.UpdatedAt, &l.ExpiresAt, &l.HeartbeatAt,
-			&l.Attempts, &l.FirstNotFoundAt, &l.LeaseExpiresAt)
+			&l.Attempts, &l.FirstNotFoundAt, &l.LeaseExpiresAt, &l.Now)
 		return l, err
 	})
-	return out, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
+	if err != nil || len(out) == 0 {
+		return out, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
+	}
+	// A hold committed while the statement ran is invisible to its
+	// snapshot (PutHold locks the key row without changing it). PutHold and
+	// the lease serialise on that row lock, so a fresh statement sees every
+	// hold that could have been missed: give those leases back.
+	leased := make([]string, len(out))
+	for i, l := range out {
+		leased[i] = l.Key.Key
+	}
+	rows, err = db.Query(ctx, `UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL
+		WHERE key = ANY($1::text[]) AND lease_owner = $2
+		  AND EXISTS (SELECT 1 FROM key_holds h WHERE h.key = reconcile_state.key)
+		RETURNING key`, leased, p.Owner)
+	if err != nil {
+		return nil, wrap("re-check holds of leased keys", err)
+	}
+	heldKeys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, wrap("re-check holds of leased keys", err)
+	}
+	if len(heldKeys) > 0 {
+		out = slices.DeleteFunc(out, func(l Leased) bool { return slices.Contains(heldKeys, l.Key.Key) })
+	}
+	return out, nil
 }
 
 // PeekDue lists due keys like LeaseDue but leases nothing and locks nothing:
-// for dry runs.
-func PeekDue(ctx context.Context, db DBTX, p LeaseParams) ([]Leased, error) {
+// for dry runs. It pages by keyset: pass the last key of the previous page
+// as after (the zero value starts at the beginning).
+func PeekDue(ctx context.Context, db DBTX, p LeaseParams, after Leased) ([]Leased, error) {
 	const q = `
 SELECT k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
        k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at,
        CASE WHEN s.claimed_at = k.claimed_at THEN s.attempts ELSE 0 END,
-       CASE WHEN s.claimed_at = k.claimed_at THEN s.first_not_found_at END
+       CASE WHEN s.claimed_at = k.claimed_at THEN s.first_not_found_at END, now()
 FROM idempotency_keys k
 LEFT JOIN reconcile_state s ON s.key = k.key
 WHERE k.status = 'processing'
@@ -135,13 +170,18 @@ WHERE k.status = 'processing'
   AND (s.key IS NULL OR s.claimed_at <> k.claimed_at OR (
         (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
         AND ($5 OR s.next_probe_at IS NULL OR s.next_probe_at <= now())))
-ORDER BY k.claimed_at
+  AND (k.claimed_at, k.key) > ($7::timestamptz, $8::text)
+ORDER BY k.claimed_at, k.key
 LIMIT $6`
 	var keys []string
 	if len(p.Keys) > 0 {
 		keys = p.Keys
 	}
-	rows, err := db.Query(ctx, q, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit)
+	var afterAt any = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	if !after.ClaimedAt.IsZero() {
+		afterAt = after.ClaimedAt
+	}
+	rows, err := db.Query(ctx, q, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, afterAt, after.Key.Key)
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("list due keys of tool %q", p.Tool), err)
 	}
@@ -149,7 +189,7 @@ LIMIT $6`
 		var l Leased
 		err := row.Scan(&l.Key.Key, &l.Tool, &l.RequestHash, &l.RequestBody, &l.Status, &l.ResponseCode,
 			&l.ResponseBody, &l.CreatedAt, &l.ClaimedAt, &l.UpdatedAt, &l.ExpiresAt, &l.HeartbeatAt,
-			&l.Attempts, &l.FirstNotFoundAt)
+			&l.Attempts, &l.FirstNotFoundAt, &l.Now)
 		return l, err
 	})
 	return out, wrap(fmt.Sprintf("list due keys of tool %q", p.Tool), err)
@@ -208,119 +248,175 @@ type Decision struct {
 	CountAttempt bool
 	// NotFoundSeen records the first not_found awaiting confirmation.
 	NotFoundSeen bool
+	// CheckHeartbeat makes the decision conditional on heartbeat_at being
+	// what it was when the key was leased (LeasedHeartbeatAt): a heartbeat
+	// that arrived while the probe ran means the attempt is alive, and
+	// nothing is decided ("in_flight_again").
+	CheckHeartbeat    bool
+	LeasedHeartbeatAt *time.Time
+	// RequireIdle (operator decisions) refuses a key claimed less than
+	// Window ago or heartbeating within HeartbeatTimeout, by the database's
+	// clock ("in_flight"; nothing written).
+	RequireIdle      bool
+	Window           time.Duration
+	HeartbeatTimeout time.Duration
+	// AllowFailedRetryable lets an operator complete a failed_retryable key
+	// not re-claimed since (same claimed_at): the effect turned out to exist.
+	AllowFailedRetryable bool
 }
+
+// Actions Decide records instead of the decision's own.
+const (
+	ActionResolvedByOriginal = "resolved_by_original"
+	ActionHeld               = "held"
+	ActionLeaseLost          = "lease_lost"
+	ActionInFlightAgain      = "in_flight_again"
+	ActionInFlight           = "in_flight"
+)
 
 // DecideResult says what Decide did.
 type DecideResult struct {
 	// Applied: the transition (if any) and bookkeeping were written.
 	Applied bool
-	// Action is what the audit recorded (Decision.Action, or
-	// "resolved_by_original", "held", "lease_lost").
+	// Action is what the audit recorded: Decision.Action, or one of the
+	// Action constants above.
 	Action string
 	// Attempts after this decision.
 	Attempts int
-	// Current is the key as it stands after the decision.
+	// Current is the key as it stands after the decision (zero if gone).
 	Current Key
 }
 
 // Decide writes one decision inside tx: the compare-and-set transition of
 // the key (conditional on status processing, the claimed_at that was
-// probed, the lease and the absence of a hold), the bookkeeping, and the
-// audit row. When the condition fails it changes nothing in the ledger and
-// records why instead: "resolved_by_original" when the attempt finished or
-// was re-claimed meanwhile, "held" when an operator put it on hold, and
-// "lease_lost" when another reconciler took the key over.
+// probed, the lease, the absence of a hold and, with CheckHeartbeat, an
+// unchanged heartbeat), the bookkeeping, and the audit row. When a
+// condition fails it changes nothing in the ledger and records why instead:
+// "resolved_by_original" when the attempt finished or was re-claimed
+// meanwhile, "held" when an operator put it on hold, "in_flight_again" when
+// it heartbeat meanwhile; "lease_lost" (another reconciler took the key
+// over) and "in_flight" (an operator's RequireIdle) write nothing at all.
+//
+// Round trips: one locking read, one batch of writes.
 func Decide(ctx context.Context, tx pgx.Tx, d Decision) (DecideResult, error) {
-	cur, err := getForUpdate(ctx, tx, d.Key)
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return DecideResult{}, err
-	}
-	res := DecideResult{Current: cur}
+	const read = `SELECT k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
+		k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at,
+		coalesce(s.attempts, 0), s.lease_owner,
+		EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key),
+		(k.claimed_at > now() - $3::interval OR coalesce(k.heartbeat_at > now() - $4::interval, false))
+	FROM idempotency_keys k LEFT JOIN reconcile_state s ON s.key = k.key AND s.claimed_at = $2
+	WHERE k.key = $1
+	FOR NO KEY UPDATE OF k`
+	var cur Key
 	var attempts int
 	var leaseOwner *string
-	err = tx.QueryRow(ctx, `SELECT attempts, lease_owner FROM reconcile_state WHERE key = $1 AND claimed_at = $2 FOR UPDATE`, d.Key, d.ClaimedAt).Scan(&attempts, &leaseOwner)
+	var held, inFlight bool
+	err := tx.QueryRow(ctx, read, d.Key, d.ClaimedAt, d.Window, d.HeartbeatTimeout).Scan(
+		&cur.Key, &cur.Tool, &cur.RequestHash, &cur.RequestBody, &cur.Status, &cur.ResponseCode, &cur.ResponseBody,
+		&cur.CreatedAt, &cur.ClaimedAt, &cur.UpdatedAt, &cur.ExpiresAt, &cur.HeartbeatAt,
+		&attempts, &leaseOwner, &held, &inFlight)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return DecideResult{}, wrap("read reconcile state", err)
+		return DecideResult{}, wrap("read key for decision", err)
 	}
-	held, err := isHeld(ctx, tx, d.Key)
-	if err != nil {
-		return DecideResult{}, err
-	}
+	res := DecideResult{Current: cur, Attempts: attempts}
+	ours := d.Owner == "" || (leaseOwner != nil && *leaseOwner == d.Owner)
+	sameClaim := cur.Key != "" && cur.ClaimedAt.Equal(d.ClaimedAt)
+	statusOK := cur.Status == StatusProcessing ||
+		(d.AllowFailedRetryable && d.Transition == StatusCompleted && cur.Status == StatusFailedRetryable)
 	switch {
-	case cur.Key == "" || cur.Status != StatusProcessing || !cur.ClaimedAt.Equal(d.ClaimedAt):
-		res.Action = "resolved_by_original"
-	case held:
-		res.Action = "held"
-	case d.Owner != "" && (leaseOwner == nil || *leaseOwner != d.Owner):
+	case !sameClaim || !statusOK:
+		res.Action = ActionResolvedByOriginal
+	case !ours:
 		// Someone else holds the lease now: we write nothing at all, not
 		// even an audit row in their name.
-		res.Action = "lease_lost"
-		res.Attempts = attempts
+		res.Action = ActionLeaseLost
+		return res, nil
+	case held:
+		res.Action = ActionHeld
+	case d.CheckHeartbeat && !sameTime(cur.HeartbeatAt, d.LeasedHeartbeatAt):
+		res.Action = ActionInFlightAgain
+	case d.RequireIdle && inFlight:
+		res.Action = ActionInFlight
 		return res, nil
 	default:
 		res.Action = d.Action
 		res.Applied = true
 	}
 
-	if res.Applied && d.Transition != "" {
-		switch d.Transition {
-		case StatusCompleted:
-			if err := validBody("response body", d.ResponseBody); err != nil {
-				return DecideResult{}, err
-			}
-			const q = `UPDATE idempotency_keys SET status = 'completed', response_code = $3, response_body = $4, updated_at = now()
-				WHERE key = $1 AND claimed_at = $2 AND status = 'processing'
-				RETURNING ` + keyColumns
-			res.Current, err = scanKey(tx.QueryRow(ctx, q, d.Key, d.ClaimedAt, d.ResponseCode, nullJSON(d.ResponseBody)))
-		case StatusFailedRetryable:
-			const q = `UPDATE idempotency_keys SET status = 'failed_retryable', updated_at = now()
-				WHERE key = $1 AND claimed_at = $2 AND status = 'processing'
-				RETURNING ` + keyColumns
-			res.Current, err = scanKey(tx.QueryRow(ctx, q, d.Key, d.ClaimedAt))
-		default:
-			panic("ledger: unknown transition " + d.Transition)
-		}
-		if err != nil {
-			// Impossible while we hold the row lock; report, never guess.
-			return DecideResult{}, wrap("write decision", err)
-		}
-	}
-
-	if d.CountAttempt && res.Applied {
-		attempts++
-	}
-	res.Attempts = attempts
-	// Bookkeeping: release our lease, note the verdict, schedule the next
-	// probe. An operator decision releases whatever lease exists: the
-	// holder's write will find the key resolved.
-	var next any
-	if res.Applied && d.NextProbeIn > 0 {
-		next = d.NextProbeIn
-	}
-	const upd = `INSERT INTO reconcile_state AS s (key, tool, claimed_at, attempts, next_probe_at, last_verdict, last_error, last_probe_at, first_not_found_at, updated_at)
-		VALUES ($1, $2, $3, $4, now() + $5::interval, $6, $7, now(), CASE WHEN $8 THEN now() END, now())
-		ON CONFLICT (key) DO UPDATE SET
-			tool = excluded.tool, claimed_at = excluded.claimed_at, attempts = excluded.attempts,
-			next_probe_at = excluded.next_probe_at, last_verdict = excluded.last_verdict,
-			last_error = excluded.last_error, last_probe_at = excluded.last_probe_at,
-			first_not_found_at = CASE WHEN $8 THEN coalesce(s.first_not_found_at, now())
-			                          WHEN $9 THEN s.first_not_found_at END,
-			lease_owner = NULL, lease_expires_at = NULL, updated_at = now()`
+	batch := &pgx.Batch{}
 	var lastErr *string
 	if d.Error != "" {
 		lastErr = &d.Error
 	}
-	keepNotFound := !d.NotFoundSeen && d.Verdict == "unknown"
-	if _, err := tx.Exec(ctx, upd, d.Key, d.Tool, d.ClaimedAt, attempts, next, d.Verdict, lastErr, d.NotFoundSeen && res.Applied, keepNotFound); err != nil {
-		return DecideResult{}, wrap("write reconcile state", err)
+	if !res.Applied {
+		// Only our own lease of this claim is given back: a newer claim's
+		// bookkeeping and another holder's lease are not ours to touch.
+		if d.Owner != "" {
+			batch.Queue(`UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+				WHERE key = $1 AND claimed_at = $2 AND lease_owner = $3`, d.Key, d.ClaimedAt, d.Owner)
+		}
+	} else {
+		switch d.Transition {
+		case "":
+		case StatusCompleted:
+			if err := validBody("response body", d.ResponseBody); err != nil {
+				return DecideResult{}, err
+			}
+			batch.Queue(`UPDATE idempotency_keys SET status = 'completed', response_code = $3, response_body = $4, updated_at = now()
+				WHERE key = $1 AND claimed_at = $2 AND status IN ('processing', 'failed_retryable')
+				RETURNING `+keyColumns, d.Key, d.ClaimedAt, d.ResponseCode, nullJSON(d.ResponseBody)).QueryRow(func(row pgx.Row) error {
+				res.Current, err = scanKey(row)
+				return err
+			})
+		case StatusFailedRetryable:
+			batch.Queue(`UPDATE idempotency_keys SET status = 'failed_retryable', updated_at = now()
+				WHERE key = $1 AND claimed_at = $2 AND status = 'processing'
+				RETURNING `+keyColumns, d.Key, d.ClaimedAt).QueryRow(func(row pgx.Row) error {
+				res.Current, err = scanKey(row)
+				return err
+			})
+		default:
+			panic("ledger: unknown transition " + d.Transition)
+		}
+		if d.CountAttempt {
+			attempts++
+		}
+		res.Attempts = attempts
+		var next any
+		if d.NextProbeIn > 0 {
+			next = d.NextProbeIn
+		}
+		// Bookkeeping: release the lease (whoever holds it: we hold the
+		// row lock, so for a lease decision it is ours, and an operator's
+		// decision settles the claim), note the verdict, schedule the next
+		// probe.
+		keepNotFound := !d.NotFoundSeen && d.Verdict == "unknown"
+		batch.Queue(`INSERT INTO reconcile_state AS s (key, tool, claimed_at, attempts, next_probe_at, last_verdict, last_error, last_probe_at, first_not_found_at, updated_at)
+			VALUES ($1, $2, $3, $4, now() + $5::interval, $6, $7, now(), CASE WHEN $8 THEN now() END, now())
+			ON CONFLICT (key) DO UPDATE SET
+				tool = excluded.tool, claimed_at = excluded.claimed_at, attempts = excluded.attempts,
+				next_probe_at = excluded.next_probe_at, last_verdict = excluded.last_verdict,
+				last_error = excluded.last_error, last_probe_at = excluded.last_probe_at,
+				first_not_found_at = CASE WHEN $8 THEN coalesce(CASE WHEN s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END, now())
+				                          WHEN $9 AND s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END,
+				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()`,
+			d.Key, d.Tool, d.ClaimedAt, attempts, next, d.Verdict, lastErr, d.NotFoundSeen, keepNotFound)
 	}
-	if err := InsertAudit(ctx, tx, AuditEntry{
-		Key: d.Key, Tool: d.Tool, Attempt: attempts, Verdict: d.Verdict, Action: res.Action,
-		Evidence: d.Evidence, Error: d.Error, Actor: d.Actor,
-	}); err != nil {
-		return DecideResult{}, err
+	queueAudit(batch, AuditEntry{Key: d.Key, Tool: d.Tool, Attempt: res.Attempts, Verdict: d.Verdict, Action: res.Action,
+		Evidence: d.Evidence, Error: d.Error, Actor: d.Actor})
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		// A transition that found nothing to update is impossible while we
+		// hold the row lock; report it, never guess.
+		return DecideResult{}, wrap("write decision", err)
 	}
 	return res, nil
+}
+
+func sameTime(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return a.Equal(*b)
 }
 
 func getForUpdate(ctx context.Context, db DBTX, key string) (Key, error) {
@@ -336,6 +432,13 @@ func ReleaseLease(ctx context.Context, db DBTX, key, owner string) error {
 	_, err := db.Exec(ctx, `UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 		WHERE key = $1 AND lease_owner = $2`, key, owner)
 	return wrap("release lease", err)
+}
+
+// ReleaseLeases is ReleaseLease for several keys of one owner.
+func ReleaseLeases(ctx context.Context, db DBTX, keys []string, owner string) error {
+	_, err := db.Exec(ctx, `UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+		WHERE key = ANY($1::text[]) AND lease_owner = $2`, keys, owner)
+	return wrap("release leases", err)
 }
 
 // State is the reconciler's bookkeeping for one key.
@@ -376,16 +479,25 @@ type AuditEntry struct {
 	CreatedAt time.Time       `json:"created_at"`
 }
 
-// InsertAudit records a decision (invariant 6).
-func InsertAudit(ctx context.Context, db DBTX, e AuditEntry) error {
+const insertAudit = `INSERT INTO reconcile_audit (key, tool, attempt, verdict, action, evidence, error, actor)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
+
+func auditArgs(e AuditEntry) []any {
 	var errText *string
 	if e.Error != "" {
 		errText = &e.Error
 	}
-	_, err := db.Exec(ctx, `INSERT INTO reconcile_audit (key, tool, attempt, verdict, action, evidence, error, actor)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-		e.Key, e.Tool, e.Attempt, e.Verdict, e.Action, nullJSON(e.Evidence), errText, e.Actor)
+	return []any{e.Key, e.Tool, e.Attempt, e.Verdict, e.Action, nullJSON(e.Evidence), errText, e.Actor}
+}
+
+// InsertAudit records a decision (invariant 6).
+func InsertAudit(ctx context.Context, db DBTX, e AuditEntry) error {
+	_, err := db.Exec(ctx, insertAudit, auditArgs(e)...)
 	return wrap("insert audit", err)
+}
+
+func queueAudit(b *pgx.Batch, e AuditEntry) {
+	b.Queue(insertAudit, auditArgs(e)...)
 }
 
 // History returns a key's audit trail, oldest first (at most limit rows, the

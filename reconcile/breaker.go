@@ -53,41 +53,49 @@ func Breakers(ctx context.Context, db ledger.DBTX) ([]Breaker, error) {
 	return out, nil
 }
 
-// openBreaker persists the open breaker (cooldown doubling per re-open) and
-// raises one downstream_unreachable alert for the tool, in one transaction.
-func (t *toolRun) openBreaker(ctx context.Context, _ time.Duration, lastErr string) {
+// breakerOpened is what openBreakerTx wrote.
+type breakerOpened struct {
+	until time.Time
+	opens int
+	err   string
+}
+
+// openBreakerTx persists the open breaker (cooldown doubling per re-open)
+// and raises one downstream_unreachable alert for the tool, inside the
+// transaction of the decision that tripped it.
+func (t *toolRun) openBreakerTx(ctx context.Context, tx pgx.Tx, lastErr string) (breakerOpened, error) {
 	cfg := t.p.e.cfg
-	var until time.Time
-	var opens int
-	err := pgx.BeginFunc(ctx, t.p.e.pool, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `INSERT INTO tool_breakers AS b (tool, consecutive_failures, opens, open_until, last_error, updated_at)
-			VALUES ($1, $2, 1, now() + $3::interval, $4, now())
-			ON CONFLICT (tool) DO UPDATE SET
-				consecutive_failures = excluded.consecutive_failures,
-				opens = b.opens + 1,
-				open_until = now() + least($3::interval * power(2, least(b.opens, 20)), $5::interval),
-				last_error = excluded.last_error,
-				updated_at = now()
-			RETURNING open_until, opens`, t.tool, t.consecutive, cfg.BreakerCooldown, lastErr, cfg.BreakerMaxCooldown).Scan(&until, &opens)
-		if err != nil {
-			return err
-		}
-		_, err = alerts.Raise(ctx, tx, alerts.Alert{
-			Reason: alerts.ReasonDownstreamUnreachable, Tool: t.tool,
-			Details: alerts.Details{LastError: lastErr, Attempts: t.consecutive,
-				Note: fmt.Sprintf("%d consecutive probes failed; probing %s paused until %s", t.consecutive, t.tool, until.UTC().Format(time.RFC3339))},
-		}, cfg.RenotifyAfter)
-		return err
-	})
-	if err != nil {
-		t.p.e.logger.Error("open circuit breaker", "tool", t.tool, "err", err)
-		return
-	}
 	t.mu.Lock()
-	t.openUntil = &until
-	t.note = fmt.Sprintf("circuit breaker opened after %d consecutive failed probes; paused until %s", t.consecutive, until.UTC().Format(time.RFC3339))
+	consecutive := t.consecutive
 	t.mu.Unlock()
-	t.p.e.logger.Warn("circuit breaker opened", "tool", t.tool, "open_until", until, "opens", opens, "err", lastErr)
+	b := breakerOpened{err: lastErr}
+	err := tx.QueryRow(ctx, `INSERT INTO tool_breakers AS b (tool, consecutive_failures, opens, open_until, last_error, updated_at)
+		VALUES ($1, $2, 1, now() + $3::interval, $4, now())
+		ON CONFLICT (tool) DO UPDATE SET
+			consecutive_failures = excluded.consecutive_failures,
+			opens = b.opens + 1,
+			open_until = now() + least($3::interval * power(2, least(b.opens, 20)), $5::interval),
+			last_error = excluded.last_error,
+			updated_at = now()
+		RETURNING open_until, opens`, t.tool, consecutive, cfg.BreakerCooldown, lastErr, cfg.BreakerMaxCooldown).Scan(&b.until, &b.opens)
+	if err != nil {
+		return b, fmt.Errorf("open circuit breaker of tool %q: %w", t.tool, err)
+	}
+	_, err = alerts.Raise(ctx, tx, alerts.Alert{
+		Reason: alerts.ReasonDownstreamUnreachable, Tool: t.tool,
+		Details: alerts.Details{LastError: lastErr, Attempts: consecutive,
+			Note: fmt.Sprintf("%d consecutive probes failed; probing %s paused until %s", consecutive, t.tool, b.until.UTC().Format(time.RFC3339))},
+	}, cfg.RenotifyAfter)
+	return b, err
+}
+
+// breakerOpened notes, after the commit, what openBreakerTx wrote.
+func (t *toolRun) breakerOpened(b breakerOpened) {
+	t.mu.Lock()
+	t.openUntil = &b.until
+	t.note = fmt.Sprintf("circuit breaker opened after %d consecutive failed probes; paused until %s", t.consecutive, b.until.UTC().Format(time.RFC3339))
+	t.mu.Unlock()
+	t.p.e.logger.Warn("circuit breaker opened", "tool", t.tool, "open_until", b.until, "opens", b.opens, "err", b.err)
 	if t.p.e.metrics != nil {
 		t.p.e.metrics.breakerOpened(t.tool)
 	}
@@ -128,4 +136,58 @@ func (t *toolRun) closeBreaker(ctx context.Context) {
 // re-claimed it, or it is gone), so on-call hears that it is over.
 func (e *Engine) sweepAlerts(ctx context.Context) (int, error) {
 	return e.sweepSettled(ctx, e.pool)
+}
+
+// explainUntouched reports, for each --key the pass did not decide, why:
+// an operator asking for a key deserves more than "no due keys".
+func (p *pass) explainUntouched(ctx context.Context) {
+	done := map[string]bool{}
+	for _, k := range p.report.Keys {
+		done[k.Key] = true
+	}
+	for _, k := range p.report.Skipped {
+		done[k.Key] = true
+	}
+	for _, key := range p.opts.Keys {
+		if done[key] {
+			continue
+		}
+		k, err := ledger.Get(ctx, p.e.pool, key)
+		if err != nil {
+			continue
+		}
+		win, hb := p.e.Windows(k.Tool)
+		why := "not due"
+		var inWindow, beating, leased, held bool
+		err = p.e.pool.QueryRow(ctx, `SELECT k.claimed_at > now() - $2::interval,
+				coalesce(k.heartbeat_at > now() - $3::interval, false),
+				coalesce((SELECT s.lease_expires_at > now() FROM reconcile_state s WHERE s.key = k.key AND s.claimed_at = k.claimed_at), false),
+				EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
+			FROM idempotency_keys k WHERE k.key = $1`, key, win, hb).Scan(&inWindow, &beating, &leased, &held)
+		switch {
+		case err != nil:
+		case k.Status != ledger.StatusProcessing:
+			why = "status is " + k.Status + ": nothing to reconcile"
+		case held:
+			why = "on hold: release it first"
+		case inWindow:
+			why = fmt.Sprintf("in flight: claimed less than its window + grace (%s) ago", win)
+		case beating:
+			why = "in flight: heartbeating"
+		case leased:
+			why = "leased by another reconciler right now"
+		case p.breakerOpen(k.Tool):
+			why = "its tool's circuit breaker is open"
+		}
+		p.report.Skipped = append(p.report.Skipped, KeyResult{Key: key, Tool: k.Tool, Action: why})
+	}
+}
+
+func (p *pass) breakerOpen(tool string) bool {
+	for _, t := range p.report.Tools {
+		if t.Tool == tool {
+			return t.BreakerOpen
+		}
+	}
+	return false
 }

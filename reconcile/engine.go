@@ -60,6 +60,9 @@ type Policy struct {
 	// Probe answers for this tool's keys; nil = no probe (alerted, never
 	// guessed).
 	Probe probes.Probe
+	// ProbeTimeout is the probe's own deadline (0: unknown). A leased key
+	// is probed only while its lease has this much left, plus a margin.
+	ProbeTimeout time.Duration
 }
 
 // Config configures an Engine. Zero values take the defaults above.
@@ -235,10 +238,10 @@ const (
 	ActionDuplicate            = "duplicate_alerted"
 	ActionBackoff              = "backoff"
 	ActionNoProbe              = "no_probe"
-	ActionResolvedByOriginal   = "resolved_by_original"
-	ActionHeld                 = "held"
-	ActionLeaseLost            = "lease_lost"
-	ActionReleased             = "released_unprobed"
+	ActionResolvedByOriginal   = ledger.ActionResolvedByOriginal
+	ActionHeld                 = ledger.ActionHeld
+	ActionLeaseLost            = ledger.ActionLeaseLost
+	ActionInFlightAgain        = ledger.ActionInFlightAgain
 	// Dry-run actions say what would happen.
 	ActionWouldComplete = "would_complete"
 	ActionWouldRetry    = "would_mark_retryable"
@@ -249,8 +252,12 @@ type pass struct {
 	e      *Engine
 	opts   Options
 	owner  string
-	sem    chan struct{}
+	sem    chan struct{} // probes in flight, all tools together
 	budget *budget
+	// decisions carries probed keys to the writers: a probe slot is freed
+	// as soon as the probe returns, so Concurrency bounds probes in flight,
+	// not probes plus database writes.
+	decisions chan probed
 
 	mu     sync.Mutex
 	report Report
@@ -300,6 +307,17 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 	if err != nil {
 		return p.report, err
 	}
+	p.decisions = make(chan probed, e.cfg.Concurrency)
+	var writers sync.WaitGroup
+	for range writerCount(e.cfg.Concurrency) {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for d := range p.decisions {
+				d.t.decide(ctx, d)
+			}
+		}()
+	}
 	if !opts.DryRun {
 		n, err := e.sweepAlerts(ctx)
 		if err != nil {
@@ -317,6 +335,11 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 		}()
 	}
 	wg.Wait()
+	close(p.decisions)
+	writers.Wait()
+	if len(opts.Keys) > 0 && !opts.DryRun {
+		p.explainUntouched(ctx)
+	}
 	p.report.Duration = time.Since(start)
 	sort.Slice(p.report.Keys, func(i, j int) bool {
 		a, b := p.report.Keys[i], p.report.Keys[j]
@@ -382,6 +405,21 @@ func sortedKeys(m map[string]bool) []string {
 	return out
 }
 
+// probed is a key whose probe has answered, on its way to a writer.
+type probed struct {
+	t        *toolRun
+	l        ledger.Leased
+	res      probes.Result
+	leasedAt time.Time // local monotonic time the lease started (at the latest)
+	tripped  bool      // this verdict opened the tool's circuit breaker
+}
+
+// writerCount sizes the pool of decision writers: a decision is a few
+// milliseconds of database time against tens of a probe.
+func writerCount(concurrency int) int {
+	return min(max(concurrency/4, 2), 16)
+}
+
 // toolRun is one tool's share of a pass.
 type toolRun struct {
 	p      *pass
@@ -402,8 +440,11 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 	policy := p.e.Policy(tool)
 	t := &toolRun{p: p, tool: tool, policy: policy, sem: make(chan struct{}, policy.Concurrency)}
 	defer func() {
+		t.mu.Lock()
+		tr := ToolReport{Tool: tool, Probed: t.probed, BreakerOpen: t.open, OpenUntil: t.openUntil, Note: t.note}
+		t.mu.Unlock()
 		p.mu.Lock()
-		p.report.Tools = append(p.report.Tools, ToolReport{Tool: tool, Probed: t.probed, BreakerOpen: t.open, OpenUntil: t.openUntil, Note: t.note})
+		p.report.Tools = append(p.report.Tools, tr)
 		p.mu.Unlock()
 	}()
 	if policy.Probe != nil {
@@ -425,52 +466,76 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		HeartbeatTimeout: policy.HeartbeatTimeout,
 		Owner:            p.owner,
 		Lease:            p.e.cfg.Lease,
-		Keys:             p.opts.Keys,
+		Keys:             slices.Clone(p.opts.Keys),
 		IgnoreBackoff:    len(p.opts.Keys) > 0,
 	}
-	// Leased keys flow to the workers through a buffer of one batch, so
-	// the next batch is leased while this one is probed, and at most a
-	// batch plus the workers' keys wait under lease.
-	queue := make(chan ledger.Leased, p.e.cfg.BatchSize)
+	type leasedKey struct {
+		l  ledger.Leased
+		at time.Time
+	}
+	// Leased keys wait in a buffer of one round of probes: the next batch
+	// is leased while this one is probed, and few keys wait under lease.
+	queue := make(chan leasedKey, policy.Concurrency)
 	var wg sync.WaitGroup
 	for range policy.Concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for l := range queue {
-				t.handle(ctx, l)
+			for k := range queue {
+				t.handle(ctx, k.l, k.at)
 			}
 		}()
 	}
 	var leaseErr error
-	seen := map[string]bool{} // a dry run peeks without leasing: never twice
+	var after ledger.Leased // a dry run pages without leasing
 	for ctx.Err() == nil && !t.isOpen() {
+		if lp.IgnoreBackoff && len(lp.Keys) == 0 {
+			break // every named key was taken once this pass
+		}
 		want := p.budget.take(p.e.cfg.BatchSize)
 		if want == 0 {
 			break
 		}
 		lp.Limit = want
+		leasedAt := time.Now()
 		var batch []ledger.Leased
 		if p.opts.DryRun {
-			lp.Limit = want + len(seen)
-			all, err := ledger.PeekDue(ctx, p.e.pool, lp)
-			leaseErr = err
-			for _, l := range all {
-				if !seen[l.Key.Key] && len(batch) < want {
-					seen[l.Key.Key] = true
-					batch = append(batch, l)
-				}
+			batch, leaseErr = ledger.PeekDue(ctx, p.e.pool, lp, after)
+			if len(batch) > 0 {
+				after = batch[len(batch)-1]
 			}
 		} else {
-			batch, leaseErr = ledger.LeaseDue(ctx, p.e.pool, lp)
+			// Detached from ctx: a lease statement cancelled mid-flight may
+			// still commit, and its keys would stay leased unseen. Let it
+			// finish, then give the batch back if the pass is over.
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+			batch, leaseErr = ledger.LeaseDue(lctx, p.e.pool, lp)
+			if leaseErr == nil && ctx.Err() != nil && len(batch) > 0 {
+				keys := make([]string, len(batch))
+				for i, l := range batch {
+					keys[i] = l.Key.Key
+				}
+				if err := ledger.ReleaseLeases(lctx, p.e.pool, keys, p.owner); err != nil {
+					p.e.logger.Warn("release leases", "tool", tool, "err", err)
+				}
+				batch = nil
+			}
+			cancel()
 		}
 		if leaseErr != nil || len(batch) == 0 {
 			p.budget.giveBack(want)
 			break
 		}
 		p.budget.giveBack(want - len(batch))
+		if lp.IgnoreBackoff {
+			// A named key is reconciled once per pass, whatever its
+			// decision: back-off is ignored, so it would be due again.
+			lp.Keys = slices.DeleteFunc(lp.Keys, func(k string) bool {
+				return slices.ContainsFunc(batch, func(l ledger.Leased) bool { return l.Key.Key == k })
+			})
+		}
 		for _, l := range batch {
-			queue <- l
+			queue <- leasedKey{l, leasedAt}
 		}
 	}
 	close(queue)
@@ -487,10 +552,15 @@ func (t *toolRun) isOpen() bool {
 	return t.open
 }
 
-// handle probes one leased key and records the decision.
-func (t *toolRun) handle(ctx context.Context, l ledger.Leased) {
+// leaseMargin is the least lease left for a probe to start: the probe's
+// timeout plus this, so the decision is written before the lease lapses
+// and another replica may take the key.
+const leaseMargin = 2 * time.Second
+
+// handle probes one leased key and hands the answer to a writer.
+func (t *toolRun) handle(ctx context.Context, l ledger.Leased, leasedAt time.Time) {
 	p := t.p
-	release := func(action string) {
+	release := func() {
 		if p.opts.DryRun {
 			return
 		}
@@ -499,29 +569,37 @@ func (t *toolRun) handle(ctx context.Context, l ledger.Leased) {
 		if err := ledger.ReleaseLease(rctx, p.e.pool, l.Key.Key, p.owner); err != nil {
 			p.e.logger.Warn("release lease", "key", l.Key.Key, "err", err)
 		}
-		_ = action
 	}
 	if ctx.Err() != nil || t.isOpen() {
-		release(ActionReleased)
+		release()
 		return
 	}
-	// Global, then per-tool concurrency.
-	select {
-	case p.sem <- struct{}{}:
-	case <-ctx.Done():
-		release(ActionReleased)
-		return
-	}
-	defer func() { <-p.sem }()
+	// Per-tool, then global concurrency; held for the probe only.
 	select {
 	case t.sem <- struct{}{}:
 	case <-ctx.Done():
-		release(ActionReleased)
+		release()
 		return
 	}
-	defer func() { <-t.sem }()
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		<-t.sem
+		release()
+		return
+	}
+	free := func() { <-p.sem; <-t.sem }
 	if t.isOpen() {
-		release(ActionReleased)
+		free()
+		release()
+		return
+	}
+	// Waited too long for a slot: the lease could lapse mid-probe and
+	// another replica probe the key too. Give it back; it is due again.
+	if !p.opts.DryRun && time.Until(leasedAt.Add(p.e.cfg.Lease)) < t.policy.ProbeTimeout+leaseMargin {
+		free()
+		release()
+		p.e.logger.Debug("lease too short to probe; key given back", "key", l.Key.Key, "tool", t.tool)
 		return
 	}
 
@@ -530,24 +608,41 @@ func (t *toolRun) handle(ctx context.Context, l ledger.Leased) {
 	if t.policy.Probe == nil {
 		res = probes.Result{Verdict: probes.Unknown, Err: errNoProbe}
 	} else {
-		res = t.policy.Probe.Probe(ctx, probes.Key{
+		res = callProbe(ctx, t.policy.Probe, probes.Key{
 			Key: l.Key.Key, Tool: l.Tool, RequestBody: l.RequestBody, CreatedAt: l.CreatedAt, ClaimedAt: l.ClaimedAt,
 		})
-		res = sanitize(res)
 	}
+	free()
 	if p.e.metrics != nil {
 		p.e.metrics.observeProbe(t.tool, string(res.Verdict), time.Since(started))
 	}
 	if ctx.Err() != nil {
 		// Cancelled mid-probe: whatever the probe said may be an artefact
 		// of the cancellation. Give the key back; a crash is not an attempt.
-		release(ActionReleased)
+		release()
 		return
 	}
 	t.mu.Lock()
 	t.probed++
 	t.mu.Unlock()
-	t.decide(ctx, l, res)
+	// The breaker counts verdicts as they come, before the write, so that
+	// no probe starts after the one that trips it.
+	var tripped bool
+	if t.policy.Probe != nil {
+		tripped = t.recordVerdict(res.Verdict != probes.Unknown)
+	}
+	p.decisions <- probed{t: t, l: l, res: res, leasedAt: leasedAt, tripped: tripped}
+}
+
+// callProbe runs a probe and enforces the verdict contract, whatever the
+// probe does: a panic or garbage is unknown.
+func callProbe(ctx context.Context, pr probes.Probe, k probes.Key) (res probes.Result) {
+	defer func() {
+		if r := recover(); r != nil {
+			res = probes.Result{Verdict: probes.Unknown, Err: fmt.Errorf("probe panicked: %v", r)}
+		}
+	}()
+	return sanitize(pr.Probe(ctx, k))
 }
 
 var errNoProbe = errors.New("no probe configured for this tool")
@@ -573,14 +668,20 @@ func sanitize(r probes.Result) probes.Result {
 	return r
 }
 
-// decide turns a verdict into a decision and writes it.
-func (t *toolRun) decide(ctx context.Context, l ledger.Leased, res probes.Result) {
+// decide turns a verdict into a decision and writes it, in one
+// transaction with the alerts it raises or resolves and, when this verdict
+// trips the tool's circuit breaker, the breaker and its alert.
+func (t *toolRun) decide(ctx context.Context, pr probed) {
 	p, cfg := t.p, t.p.e.cfg
-	now := time.Now()
+	l, res, leasedAt, tripped := pr.l, pr.res, pr.leasedAt, pr.tripped
+	// The database's clock at lease time plus the time since (a monotonic
+	// local duration): no replica's wall clock enters a decision.
+	now := l.Now.Add(time.Since(leasedAt))
 	age := now.Sub(l.ClaimedAt)
 	d := ledger.Decision{
 		Key: l.Key.Key, Tool: l.Tool, ClaimedAt: l.ClaimedAt, Owner: p.owner, Actor: cfg.Actor,
 		Verdict: string(res.Verdict), Evidence: res.Evidence, CountAttempt: true,
+		CheckHeartbeat: true, LeasedHeartbeatAt: l.HeartbeatAt,
 	}
 	if res.Err != nil {
 		d.Error = truncate(res.Err.Error(), 2000)
@@ -610,12 +711,15 @@ func (t *toolRun) decide(ctx context.Context, l ledger.Leased, res probes.Result
 		d.Action = ActionCompleted
 		resolveHow = "completed by the reconciler (effect found downstream)"
 	case res.Verdict == probes.NotFound:
+		// The downstream's horizon starts with the key's first use: the
+		// conservative end when a retry re-claimed it since.
+		keyAge := now.Sub(l.CreatedAt)
 		switch {
-		case t.policy.DownstreamDedupWindow > 0 && age > t.policy.DownstreamDedupWindow:
+		case t.policy.DownstreamDedupWindow > 0 && keyAge > t.policy.DownstreamDedupWindow:
 			// A wrong not_found could no longer be caught downstream.
 			d.Action = ActionEscalatedDedup
 			d.NextProbeIn = t.backoff(attemptsAfter)
-			details.Note = fmt.Sprintf("key is %s old, past the downstream's dedup window of %s", age.Round(time.Second), t.policy.DownstreamDedupWindow)
+			details.Note = fmt.Sprintf("key is %s old, past the downstream's dedup window of %s", keyAge.Round(time.Second), t.policy.DownstreamDedupWindow)
 			raise = append(raise, alerts.Alert{Reason: alerts.ReasonDedupWindowPassed, Tool: l.Tool, Key: l.Key.Key, Details: details})
 		case cfg.ConfirmNotFoundAfter > 0 && (l.FirstNotFoundAt == nil || now.Sub(*l.FirstNotFoundAt) < cfg.ConfirmNotFoundAfter):
 			d.Action = ActionAwaitingConfirmation
@@ -640,13 +744,8 @@ func (t *toolRun) decide(ctx context.Context, l ledger.Leased, res probes.Result
 		d.NextProbeIn = t.backoff(attemptsAfter)
 	}
 
-	// Breaker bookkeeping before the write, so that the key that trips it
-	// does not also raise a per-key alert.
-	var tripped bool
-	var openFor time.Duration
-	if t.policy.Probe != nil {
-		tripped, openFor = t.recordVerdict(conclusive)
-	}
+	// The key that trips the breaker raises no per-key alert: the tool-wide
+	// one covers it.
 	if res.Verdict == probes.Unknown && t.policy.Probe != nil && !t.isOpen() &&
 		(attemptsAfter >= cfg.AlertAfterAttempts || age >= cfg.AlertAfterAge) {
 		raise = append(raise, alerts.Alert{Reason: alerts.ReasonProbeFailing, Tool: l.Tool, Key: l.Key.Key, Details: details})
@@ -663,6 +762,9 @@ func (t *toolRun) decide(ctx context.Context, l ledger.Leased, res probes.Result
 		for _, a := range raise {
 			names = append(names, string(a.Reason))
 		}
+		if tripped {
+			names = append(names, string(alerts.ReasonDownstreamUnreachable))
+		}
 		p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: d.Action, Attempts: l.Attempts,
 			Error: d.Error, Evidence: d.Evidence, Alerts: names, AgeSecond: age.Seconds()})
 		return
@@ -672,6 +774,7 @@ func (t *toolRun) decide(ctx context.Context, l ledger.Leased, res probes.Result
 	defer cancel()
 	var out ledger.DecideResult
 	var raised []string
+	var br breakerOpened
 	err := pgx.BeginFunc(wctx, p.e.pool, func(tx pgx.Tx) error {
 		raised = raised[:0]
 		var err error
@@ -679,12 +782,21 @@ func (t *toolRun) decide(ctx context.Context, l ledger.Leased, res probes.Result
 		if err != nil {
 			return err
 		}
-		switch {
-		case out.Action == ActionResolvedByOriginal:
-			if _, err := alerts.ResolveKey(wctx, tx, l.Tool, l.Key.Key, "resolved by the original attempt"); err != nil {
+		if tripped {
+			// The breaker and its alert commit with the decision that
+			// tripped it (invariant 8), whatever that decision became.
+			if br, err = t.openBreakerTx(wctx, tx, d.Error); err != nil {
 				return err
 			}
-			return nil
+			raised = append(raised, string(alerts.ReasonDownstreamUnreachable))
+		}
+		switch {
+		case out.Action == ledger.ActionResolvedByOriginal:
+			// Only a key that is settled (not re-claimed) ends its alerts.
+			if out.Current.Key == "" || out.Current.Status != ledger.StatusProcessing {
+				_, err = alerts.ResolveKey(wctx, tx, l.Tool, l.Key.Key, "resolved by the original attempt")
+			}
+			return err
 		case !out.Applied:
 			return nil
 		}
@@ -712,7 +824,7 @@ func (t *toolRun) decide(ctx context.Context, l ledger.Leased, res probes.Result
 		return
 	}
 	if tripped {
-		t.openBreaker(wctx, openFor, d.Error)
+		t.breakerOpened(br)
 	}
 	if t.halfOpen && conclusive && t.policy.Probe != nil {
 		t.closeBreaker(wctx)
@@ -748,16 +860,16 @@ func (t *toolRun) backoff(attempts int) time.Duration {
 }
 
 // recordVerdict updates the breaker's count; it reports whether this
-// verdict trips the breaker, and for how long it opens.
-func (t *toolRun) recordVerdict(conclusive bool) (bool, time.Duration) {
+// verdict trips the breaker.
+func (t *toolRun) recordVerdict(conclusive bool) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if conclusive {
 		t.consecutive = 0
-		return false, 0
+		return false
 	}
 	if t.open {
-		return false, 0
+		return false
 	}
 	t.consecutive++
 	threshold := t.p.e.cfg.BreakerFailures
@@ -765,10 +877,10 @@ func (t *toolRun) recordVerdict(conclusive bool) (bool, time.Duration) {
 		threshold = 1
 	}
 	if t.consecutive < threshold {
-		return false, 0
+		return false
 	}
 	t.open = true
-	return true, 0
+	return true
 }
 
 func truncate(s string, n int) string {

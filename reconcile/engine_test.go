@@ -437,6 +437,14 @@ func TestCancelledPassResumes(t *testing.T) {
 		t.Fatalf("a cancelled probe was recorded: %d audit rows", n)
 	}
 	if n := db.Count(t, "reconcile_state WHERE attempts > 0 OR lease_owner IS NOT NULL"); n != 0 {
+		rows, _ := db.Pool.Query(bg, `SELECT key, attempts, coalesce(lease_owner, ''), coalesce(last_verdict, '') FROM reconcile_state`)
+		for rows.Next() {
+			var k, o, v string
+			var a int
+			_ = rows.Scan(&k, &a, &o, &v)
+			t.Logf("state %s attempts=%d owner=%s verdict=%s", k, a, o, v)
+		}
+		rows.Close()
 		t.Fatalf("leases or attempts left behind: %d", n)
 	}
 	close(ds.gate)
@@ -706,7 +714,7 @@ func TestDatabaseGoesAwayMidPass(t *testing.T) {
 	ds.addTicket("a", "T-a")
 	probe := ds.probe(t)
 	pool := newPool(t, db.URL, 4)
-	e := engine(t, pool, reconcile.Config{Lease: 2 * time.Second, Concurrency: 2,
+	e := engine(t, pool, reconcile.Config{Lease: 5 * time.Second, Concurrency: 2,
 		Tools: map[string]reconcile.Policy{"create_ticket": {ProcessingWindow: time.Second, Probe: probe}}})
 	done := make(chan reconcile.Report)
 	go func() {
@@ -752,5 +760,142 @@ func TestDatabaseGoesAwayMidPass(t *testing.T) {
 	}
 	if r := row(t, db, "a"); r.Status != ledger.StatusCompleted {
 		t.Fatalf("a = %+v", r)
+	}
+}
+
+// A heartbeat that arrives while the probe runs means the attempt is alive:
+// even a not_found decides nothing (invariant 1 at write time, not only at
+// lease time).
+func TestHeartbeatDuringProbeWins(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ds := newDownstream(t)
+	gate := make(chan struct{})
+	ds.gate = gate
+	ds.entered = make(chan string, 1)
+	stuck(t, db, "create_ticket", time.Minute, "slow-but-alive")
+	e := engine(t, db.Pool, reconcile.Config{Tools: map[string]reconcile.Policy{"create_ticket": {ProcessingWindow: time.Second, Probe: ds.probe(t)}}})
+	done := make(chan reconcile.Report)
+	go func() {
+		r, _ := e.Run(bg, reconcile.Options{})
+		done <- r
+	}()
+	<-ds.entered
+	k := row(t, db, "slow-but-alive")
+	if err := ledger.Heartbeat(bg, db.Pool, k.Key, k.ClaimedAt); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	rep := <-done
+	if len(rep.Keys) != 1 || rep.Keys[0].Action != "in_flight_again" {
+		t.Fatalf("report = %+v", rep.Keys)
+	}
+	if r := row(t, db, k.Key); r.Status != ledger.StatusProcessing {
+		t.Fatalf("a heartbeating key was decided: %+v", r)
+	}
+	if n := db.Count(t, "reconcile_state WHERE attempts > 0 OR lease_owner IS NOT NULL"); n != 0 {
+		t.Fatalf("attempt counted or lease kept: %d", n)
+	}
+}
+
+// --key reconciles each named key once per pass, however many there are
+// and whatever the verdict (back-off is ignored, so they are due at once).
+func TestKeyFlagOncePerPass(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ds := newDownstream(t)
+	var keys []string
+	for i := range 12 {
+		k := fmt.Sprint("dup-", i)
+		keys = append(keys, k)
+		ds.addTicket(k, "T-1")
+		ds.addTicket(k, "T-2") // duplicate: stays processing
+	}
+	stuck(t, db, "create_ticket", time.Minute, keys...)
+	stuck(t, db, "mystery", time.Minute, "noprobe")
+	e := engine(t, db.Pool, reconcile.Config{BatchSize: 5, Concurrency: 4,
+		Tools: map[string]reconcile.Policy{"create_ticket": {ProcessingWindow: time.Second, Probe: ds.probe(t)}}})
+	rep := run(t, e, reconcile.Options{Keys: append(keys, "noprobe")})
+	if len(rep.Keys) != 13 {
+		t.Fatalf("decisions = %d, want 13", len(rep.Keys))
+	}
+	for _, k := range keys {
+		if n := ds.hitsOf(k); n != 1 {
+			t.Fatalf("%s probed %d times in one pass", k, n)
+		}
+	}
+	if n := db.Count(t, "reconcile_audit"); n != 13 {
+		t.Fatalf("audit rows = %d", n)
+	}
+}
+
+// --key on keys that cannot be reconciled now says why.
+func TestKeyFlagExplainsUntouchedKeys(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ds := newDownstream(t)
+	stuck(t, db, "create_ticket", 0, "young")
+	stuck(t, db, "create_ticket", time.Minute, "held", "done")
+	db.Exec(t, `INSERT INTO key_holds (key, reason, actor) VALUES ('held', 'r', 'op')`)
+	db.Exec(t, `UPDATE idempotency_keys SET status = 'completed' WHERE key = 'done'`)
+	e := engine(t, db.Pool, reconcile.Config{Tools: map[string]reconcile.Policy{"create_ticket": {ProcessingWindow: 10 * time.Second, Probe: ds.probe(t)}}})
+	rep := run(t, e, reconcile.Options{Keys: []string{"young", "held", "done", "ghost"}})
+	why := map[string]string{}
+	for _, s := range rep.Skipped {
+		why[s.Key] = s.Action
+	}
+	for key, want := range map[string]string{"young": "in flight", "held": "on hold", "done": "status is completed", "ghost": "not_found_in_ledger"} {
+		if !strings.Contains(why[key], want) {
+			t.Errorf("%s: %q, want it to say %q", key, why[key], want)
+		}
+	}
+	if ds.totalHits() != 0 {
+		t.Fatal("probed")
+	}
+}
+
+// The engine enforces the verdict contract itself, for probes used without
+// probes.Guard (a Go program's own wiring).
+func TestUnguardedGarbageProbe(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	stuck(t, db, "t", time.Minute, "nil-outcome", "bad-code", "bad-verdict", "panics")
+	p := probes.ProbeFunc(func(_ context.Context, k probes.Key) probes.Result {
+		switch k.Key {
+		case "nil-outcome":
+			return probes.Result{Verdict: probes.Found}
+		case "bad-code":
+			return probes.Result{Verdict: probes.Found, Outcome: &probes.Outcome{Code: 42, Body: json.RawMessage(`{}`)}}
+		case "bad-verdict":
+			return probes.Result{Verdict: "maybe"}
+		}
+		panic("probe bug")
+	})
+	e := engine(t, db.Pool, reconcile.Config{Tools: map[string]reconcile.Policy{"t": {ProcessingWindow: time.Second, Probe: p}}})
+	rep := run(t, e, reconcile.Options{})
+	if rep.Actions["backoff"] != 4 {
+		t.Fatalf("actions = %+v", rep.Actions)
+	}
+	if n := db.Count(t, "idempotency_keys WHERE status = 'processing'"); n != 4 {
+		t.Fatalf("processing = %d", n)
+	}
+}
+
+// The downstream's dedup horizon starts at the key's first use: a retry's
+// fresh claim does not reset it.
+func TestDedupWindowFromFirstUse(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ds := newDownstream(t)
+	stuck(t, db, "charge_card", time.Minute, "reclaimed")
+	db.Exec(t, `UPDATE idempotency_keys SET created_at = now() - interval '48 hours' WHERE key = 'reclaimed'`)
+	e := engine(t, db.Pool, reconcile.Config{Tools: map[string]reconcile.Policy{
+		"charge_card": {ProcessingWindow: time.Second, DownstreamDedupWindow: 24 * time.Hour, Probe: ds.probe(t)}}})
+	rep := run(t, e, reconcile.Options{})
+	if rep.Actions["escalated_dedup_window"] != 1 {
+		t.Fatalf("actions = %+v", rep.Actions)
+	}
+	if r := row(t, db, "reclaimed"); r.Status != ledger.StatusProcessing {
+		t.Fatalf("status = %s", r.Status)
 	}
 }

@@ -178,9 +178,12 @@ the effect did not happen). The decision is audited with --actor (default
 $USER) and --reason, and written only if the key is still processing with
 the claim you saw: otherwise nothing changes and the command exits 1.
 
-A key inside its processing window or with a fresh heartbeat is in flight:
+A key inside its processing window or with a fresh heartbeat (by the
+database's clock, with the windows of the loaded configuration) is in flight:
 resolving it could race the running attempt, so it is refused unless --force.
-A held key must be released first.`,
+A held key must be released first. --completed also applies to a key
+already marked failed_retryable that no retry has re-claimed yet, when the
+effect turns out to exist after all.`,
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			key := argv[0]
@@ -194,6 +197,9 @@ A held key must be released first.`,
 			if completed {
 				if code < 100 || code > 599 {
 					return usagef("resolve --completed: --code must be an HTTP status code (100-599)")
+				}
+				if code >= 500 && !force {
+					return usagef("resolve --completed: --code %d would replay a server error to every retry forever (the caching rule stores definitive outcomes only); pass --force if you mean it", code)
 				}
 				if body == "" || !json.Valid([]byte(body)) {
 					return usagef("resolve --completed: --body must be valid JSON (the response retries will replay)")
@@ -216,22 +222,33 @@ A held key must be released first.`,
 			if err != nil {
 				return err
 			}
-			if k.Status != ledger.StatusProcessing {
-				return fmt.Errorf("refused: key %q is %s, not processing; only a processing key can be resolved", key, k.Status)
+			switch {
+			case k.Status == ledger.StatusProcessing:
+			case k.Status == ledger.StatusFailedRetryable && completed:
+				// The effect turned out to exist after all: storing it
+				// stops the retry that would redo it (if none re-claimed
+				// the key yet; compare-and-set on claimed_at).
+			case k.Status == ledger.StatusFailedRetryable:
+				return fmt.Errorf("refused: key %q is already failed_retryable", key)
+			default:
+				return fmt.Errorf("refused: key %q is %s; a completed key is final (only purge removes it)", key, k.Status)
 			}
 			if _, err := ledger.GetHold(ctx, pool, key); err == nil {
 				return fmt.Errorf("refused: key %q is on hold; run 'ledgerkeeper release %s' first", key, key)
 			}
-			win, hb := a.windows(k.Tool)
-			inFlight := time.Since(k.ClaimedAt) < win || (k.HeartbeatAt != nil && time.Since(*k.HeartbeatAt) < hb)
-			if inFlight && !force {
-				return fmt.Errorf("refused: key %q is in flight (claimed %s ago, window + grace %s, or heartbeating): the original attempt may still finish; wait, or pass --force", key, time.Since(k.ClaimedAt).Round(time.Second), win)
+			if a.cfg.File == "" && !force {
+				return fmt.Errorf("refused: no configuration loaded, so the processing window of tool %q is unknown here; pass --config with the serve configuration (or --force)", k.Tool)
 			}
-			evidence, _ := json.Marshal(map[string]any{"reason": reason, "forced": force && inFlight})
-			d := ledger.Decision{Key: key, Tool: k.Tool, ClaimedAt: k.ClaimedAt, Actor: who, Verdict: "operator", Evidence: evidence}
+			win, hb := a.windows(k.Tool)
+			evidence, _ := json.Marshal(map[string]any{"reason": reason, "forced": force})
+			d := ledger.Decision{Key: key, Tool: k.Tool, ClaimedAt: k.ClaimedAt, Actor: who, Verdict: "operator", Evidence: evidence,
+				// In flight by the database's clock, checked under the row
+				// lock: the original attempt may still finish.
+				RequireIdle: !force, Window: win, HeartbeatTimeout: hb}
 			how := "resolved by operator " + who
 			if completed {
 				d.Transition, d.ResponseCode, d.ResponseBody, d.Action = ledger.StatusCompleted, code, outcome, "operator_completed"
+				d.AllowFailedRetryable = true
 			} else {
 				d.Transition, d.Action = ledger.StatusFailedRetryable, "operator_marked_retryable"
 			}
@@ -249,7 +266,10 @@ A held key must be released first.`,
 			if err != nil {
 				return err
 			}
-			if !res.Applied {
+			switch {
+			case res.Action == ledger.ActionInFlight:
+				return fmt.Errorf("refused: key %q is in flight (claimed less than its window + grace of %s ago, or heartbeating): the original attempt may still finish; wait, or pass --force", key, win)
+			case !res.Applied:
 				return fmt.Errorf("refused: key %q changed while you looked (%s); nothing written; run 'ledgerkeeper inspect %s'", key, strings.ReplaceAll(res.Action, "_", " "), key)
 			}
 			fmt.Fprintf(a.stdout, "key %s is now %s (by %s: %s)\n", key, res.Current.Status, who, reason)
@@ -272,7 +292,12 @@ func newHoldCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "hold KEY --reason TEXT",
 		Short: "Put a key on hold: never probed, resolved or purged until released",
-		Args:  args(cobra.ExactArgs(1)),
+		Long: `Put a key on hold: the reconciler neither probes nor resolves it, purge keeps
+it, and resolve refuses it, until 'ledgerkeeper release KEY'. A hold binds
+ledgerkeeper only: the tool side still answers retries as the key's status
+says (409 while processing, the replay once completed), and a retry of a
+failed_retryable key still re-claims it.`,
+		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			if strings.TrimSpace(reason) == "" {
 				return usagef("hold: --reason is required")

@@ -127,6 +127,7 @@ func TestUsageAndOperationalExitCodes(t *testing.T) {
 		{[]string{"resolve", "k", "--retryable"}, 2, "--reason is required"},
 		{[]string{"resolve", "k", "--completed", "--code", "201", "--body", "{nope", "--reason", "r"}, 2, "--body must be valid JSON"},
 		{[]string{"resolve", "k", "--completed", "--retryable", "--reason", "r"}, 2, "exactly one of"},
+		{[]string{"resolve", "k", "--completed", "--code", "500", "--body", "{}", "--reason", "r"}, 2, "replay a server error"},
 	} {
 		code, _, stderr := cli(t, c.args...)
 		if code != c.want || !strings.Contains(stderr, c.msg) {
@@ -269,8 +270,24 @@ func TestOperatorCommands(t *testing.T) {
 		t.Fatalf("replay after manual resolve: %v %+v", err, res)
 	}
 	code, _, stderr = cli(t, "resolve", "k-resolve", "--retryable", "--reason", "x", "--config", cfg, "--database-url", url)
-	if code != 1 || !strings.Contains(stderr, "not processing") {
+	if code != 1 || !strings.Contains(stderr, "is final") {
 		t.Fatalf("resolve of a completed key: %d %s", code, stderr)
+	}
+
+	// Without the serve configuration the tool's window is unknown: refused.
+	stuckKey(t, db, "create_ticket", "k-noconf", time.Hour)
+	code, _, stderr = cli(t, "resolve", "k-noconf", "--retryable", "--reason", "x", "--database-url", url)
+	if code != 1 || !strings.Contains(stderr, "no configuration loaded") || status(t, db, "k-noconf") != "processing" {
+		t.Fatalf("resolve without config: %d %s", code, stderr)
+	}
+	// A key marked failed_retryable whose effect turns up after all.
+	code, _, stderr = cli(t, "resolve", "k-noconf", "--retryable", "--reason", "x", "--config", cfg, "--database-url", url)
+	if code != 0 {
+		t.Fatalf("resolve --retryable: %d %s", code, stderr)
+	}
+	code, _, stderr = cli(t, "resolve", "k-noconf", "--completed", "--code", "201", "--body", `{"ticket_id":"T-9"}`, "--reason", "found it", "--config", cfg, "--database-url", url)
+	if code != 0 || status(t, db, "k-noconf") != "completed" {
+		t.Fatalf("resolve --completed of a failed_retryable key: %d %s", code, stderr)
 	}
 
 	// inspect shows the history with actors and reasons.

@@ -476,6 +476,11 @@ func (c *Config) Validate() error {
 			for _, e := range c.validateProbe(base+".probe", t.Probe) {
 				add(e)
 			}
+			// A probe must finish, and its decision be written, well
+			// inside the lease, or another replica may take the key.
+			if t.Probe.Timeout+Duration(2*time.Second) >= c.Reconcile.Lease/2 {
+				add(c.errAt(base+".probe.timeout", "probe timeout %s must be well under half of reconcile.lease (%s): raise the lease or shorten the timeout", t.Probe.Timeout, c.Reconcile.Lease))
+			}
 		}
 	}
 	for name, r := range c.Retention.Tools {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -92,7 +93,12 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 	tools := map[string]reconcile.Policy{}
 	for _, name := range cfg.ToolNames() {
 		pol := cfg.Policy(name)
+		var timeout time.Duration
+		if pol.Probe != nil {
+			timeout = pol.Probe.Timeout.D()
+		}
 		tools[name] = reconcile.Policy{
+			ProbeTimeout:          timeout,
 			ProcessingWindow:      pol.ProcessingWindow,
 			HeartbeatTimeout:      pol.HeartbeatTimeout,
 			DownstreamDedupWindow: pol.DownstreamDedupWindow,

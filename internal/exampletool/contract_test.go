@@ -350,3 +350,35 @@ func TestLedgerUnavailable(t *testing.T) {
 		t.Fatalf("tickets = %d", n)
 	}
 }
+
+// The client gives up long before the handler finishes: the heartbeat goes
+// on while the handler runs, so the live attempt never looks dead.
+func TestHeartbeatOutlivesClient(t *testing.T) {
+	t.Parallel()
+	b := setup(t, exampletool.Config{Delay: 900 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_, err := b.call(t, ctx, "abandoned", body)
+	cancel()
+	if err == nil {
+		t.Fatal("the client should have timed out")
+	}
+	first := time.Now()
+	var beats []time.Time
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		k, err := ledger.Get(context.Background(), b.db.Pool, "abandoned")
+		if err == nil && k.Status == ledger.StatusCompleted {
+			break
+		}
+		if err == nil && k.HeartbeatAt != nil && (len(beats) == 0 || !k.HeartbeatAt.Equal(beats[len(beats)-1])) {
+			beats = append(beats, *k.HeartbeatAt)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+	if len(beats) < 3 || time.Since(first) < 300*time.Millisecond {
+		t.Fatalf("heartbeats after the client left: %d distinct values", len(beats))
+	}
+	if n := b.tickets(t); n != 1 {
+		t.Fatalf("tickets = %d", n)
+	}
+}
