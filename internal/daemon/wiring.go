@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"time"
 
@@ -39,9 +40,16 @@ func BuildProbes(ctx context.Context, cfg *config.Config, registry *probes.Regis
 			for k, v := range pc.Headers {
 				headers[k] = v.Reveal()
 			}
+			// Keep as many idle connections as the tool has probes in
+			// flight: the default two per host would open and close a
+			// connection per probe under load.
+			tr := http.DefaultTransport.(*http.Transport).Clone()
+			tr.MaxIdleConnsPerHost = cfg.Policy(name).Concurrency
+			closers = append(closers, closerFunc(tr.CloseIdleConnections))
 			hp, err := probes.NewHTTP(probes.HTTPConfig{
 				URL: pc.URL, Method: pc.Method, Headers: headers, Timeout: pc.Timeout.D(), Match: pc.Match,
 				ResponseCode: pc.ResponseCode, ResponseBody: pc.ResponseBody, MaxBodyBytes: pc.MaxBodyBytes,
+				Client: &http.Client{Transport: tr},
 			})
 			if err != nil {
 				closers.Close()
@@ -78,6 +86,10 @@ func BuildProbes(ctx context.Context, cfg *config.Config, registry *probes.Regis
 	}
 	return out, closers, nil
 }
+
+type closerFunc func()
+
+func (f closerFunc) Close() error { f(); return nil }
 
 type closerList []io.Closer
 
