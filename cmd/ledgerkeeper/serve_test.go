@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+)
+
+// slackServer speaks chat.postMessage and records the texts it got.
+type slackServer struct {
+	srv   *httptest.Server
+	mu    sync.Mutex
+	texts []string
+}
+
+func newSlackServer(t *testing.T) *slackServer {
+	s := &slackServer{}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/chat.postMessage" {
+			http.NotFound(w, r)
+			return
+		}
+		raw, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+		_ = r.ParseForm()
+		s.mu.Lock()
+		s.texts = append(s.texts, r.PostForm.Get("text")+" "+r.PostForm.Get("blocks"))
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ok":true,"channel":"C1","ts":"1.2"}`))
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func (s *slackServer) all() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.texts, "\n")
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// serve, end to end: the scheduled jobs resolve a stuck key, alert on a
+// key without a probe through Slack, export metrics, and stop cleanly.
+func TestServe(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	tk := newTickets(t)
+	slack := newSlackServer(t)
+	addr := freeAddr(t)
+	cfg := writeFile(t, "serve.yaml", fmt.Sprintf(`schedule:
+  reconcile: "@every 1s"
+  purge: "@every 1h"
+  alerts: "@every 1s"
+reconcile:
+  grace: 1s
+  alert_after_attempts: 1
+tools:
+  create_ticket:
+    processing_window: 1s
+    probe:
+      type: http
+      url: "%s/v1/tickets?idempotency_key={key}"
+      match: data
+      response_code: 201
+alerts:
+  slack:
+    token: xoxb-test-token
+    channel: "#oncall"
+    api_url: "%s/api/"
+http:
+  listen: "%s"
+`, tk.srv.URL, slack.srv.URL, addr))
+	stuckKey(t, db, "create_ticket", "wf-1:found", time.Minute)
+	stuckKey(t, db, "refund_payment", "wf-2:<!channel>", time.Minute)
+	tk.mu.Lock()
+	tk.have["wf-1:found"] = 1
+	tk.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan int)
+	var stderr bytes.Buffer
+	go func() {
+		exited <- run(ctx, []string{"serve", "--config", cfg, "--database-url", db.URL}, io.Discard, &stderr)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for status(t, db, "wf-1:found") != "completed" || !strings.Contains(slack.all(), "refund_payment") {
+		if time.Now().After(deadline) {
+			cancel()
+			<-exited
+			t.Fatalf("serve did not resolve and alert in time; slack got %q; stderr:\n%s", slack.all(), stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond) // polling interval
+	}
+	if strings.Contains(slack.all(), "<!channel>") {
+		t.Fatalf("an unescaped key reached Slack: %s", slack.all())
+	}
+	if strings.Contains(stderr.String(), "xoxb-test-token") {
+		t.Fatal("the Slack token was logged")
+	}
+	for path, want := range map[string]string{
+		"/healthz": "ok",
+		"/readyz":  "ready",
+		"/metrics": `ledgerkeeper_reconcile_decisions_total{action="completed",tool="create_ticket"} 1`,
+	} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), want) {
+			t.Fatalf("%s: %d, want %q in:\n%.2000s", path, resp.StatusCode, want, body)
+		}
+	}
+	cancel() // SIGTERM
+	select {
+	case code := <-exited:
+		if code != 0 {
+			t.Fatalf("serve exited %d:\n%s", code, stderr.String())
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
