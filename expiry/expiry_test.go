@@ -589,8 +589,10 @@ func TestDatabaseGoneMidPass(t *testing.T) {
 	b.keys(t, "old", "create_ticket", "completed", 10, 3*day, -day)
 	ctx := context.Background()
 	b.clock.onSleep = func(time.Duration) {
-		// Kill the purge's session: the one holding the purge lock.
-		b.db.Exec(t, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted`)
+		// Kill the purge's session: the one holding the purge lock in this
+		// test's database.
+		b.db.Exec(t, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
 	}
 	rep, err := b.purger(expiry.Config{BatchSize: 4}).RunOnce(ctx)
 	if err == nil || rep.KeysDeleted != 4 || rep.Error == "" {
@@ -600,7 +602,21 @@ func TestDatabaseGoneMidPass(t *testing.T) {
 	if n := b.db.Count(t, "idempotency_keys"); n != 6 {
 		t.Fatalf("%d left; the first batch must stay deleted", n)
 	}
-	// The killed session took the lock with it.
+	// The killed session takes the lock with it once it has exited.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		running, err := ledger.PurgeRunning(ctx, b.db.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the killed session's lock was never released")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if rep := run(t, b.purger(expiry.Config{})); rep.KeysDeleted != 6 {
 		t.Fatalf("next pass: %+v", rep)
 	}

@@ -41,7 +41,7 @@ const (
 	DefaultRetentionBatchSize   = 1000
 	DefaultRetentionBatchPause  = 50 * time.Millisecond
 	DefaultRetentionMaxDuration = 10 * time.Minute
-	DefaultRetentionDutyCycle   = 0.10
+	DefaultRetentionDutyCycle   = 0.20
 	DefaultRetentionBatchTarget = 15 * time.Millisecond
 	DefaultAuditMaxAge          = 30 * 24 * time.Hour
 	DefaultRenotifyAfter        = 4 * time.Hour
