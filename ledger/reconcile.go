@@ -3,7 +3,6 @@ package ledger
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -299,27 +298,85 @@ type DecideResult struct {
 //
 // Round trips: one locking read, one batch of writes.
 func Decide(ctx context.Context, tx pgx.Tx, d Decision) (DecideResult, error) {
-	const read = `SELECT k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
+	res, err := DecideMany(ctx, tx, []Decision{d})
+	if err != nil {
+		return DecideResult{}, err
+	}
+	return res[0], nil
+}
+
+// decisionRow is what DecideMany reads about one key under its row lock.
+type decisionRow struct {
+	cur        Key
+	attempts   int
+	leaseOwner *string
+	held       bool
+	inFlight   bool
+}
+
+// DecideMany is Decide for several keys (each at most once) in one
+// transaction: one locking read for all of them (in key order, so two
+// writers never deadlock on each other's keys) and one batch of writes. The
+// results are in the order of ds.
+func DecideMany(ctx context.Context, tx pgx.Tx, ds []Decision) ([]DecideResult, error) {
+	const read = `SELECT d.i, k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
 		k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at,
 		coalesce(s.attempts, 0), s.lease_owner,
 		EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key),
-		(k.claimed_at > now() - $3::interval OR coalesce(k.heartbeat_at > now() - $4::interval, false))
-	FROM idempotency_keys k LEFT JOIN reconcile_state s ON s.key = k.key AND s.claimed_at = $2
-	WHERE k.key = $1
+		(k.claimed_at > now() - d.win OR coalesce(k.heartbeat_at > now() - d.hb, false))
+	FROM unnest($1::text[], $2::timestamptz[], $3::interval[], $4::interval[]) WITH ORDINALITY AS d(key, claimed_at, win, hb, i)
+	JOIN idempotency_keys k ON k.key = d.key
+	LEFT JOIN reconcile_state s ON s.key = k.key AND s.claimed_at = d.claimed_at
+	ORDER BY k.key
 	FOR NO KEY UPDATE OF k`
-	var cur Key
-	var attempts int
-	var leaseOwner *string
-	var held, inFlight bool
-	err := tx.QueryRow(ctx, read, d.Key, d.ClaimedAt, d.Window, d.HeartbeatTimeout).Scan(
-		&cur.Key, &cur.Tool, &cur.RequestHash, &cur.RequestBody, &cur.Status, &cur.ResponseCode, &cur.ResponseBody,
-		&cur.CreatedAt, &cur.ClaimedAt, &cur.UpdatedAt, &cur.ExpiresAt, &cur.HeartbeatAt,
-		&attempts, &leaseOwner, &held, &inFlight)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return DecideResult{}, wrap("read key for decision", err)
+	keys := make([]string, len(ds))
+	claims := make([]time.Time, len(ds))
+	wins := make([]time.Duration, len(ds))
+	hbs := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		keys[i], claims[i], wins[i], hbs[i] = d.Key, d.ClaimedAt, d.Window, d.HeartbeatTimeout
 	}
-	res := DecideResult{Current: cur, Attempts: attempts}
-	ours := d.Owner == "" || (leaseOwner != nil && *leaseOwner == d.Owner)
+	rows, err := tx.Query(ctx, read, keys, claims, wins, hbs)
+	if err != nil {
+		return nil, wrap("read keys for decision", err)
+	}
+	found := make([]decisionRow, len(ds))
+	var i int64
+	var r decisionRow
+	_, err = pgx.ForEachRow(rows, []any{&i, &r.cur.Key, &r.cur.Tool, &r.cur.RequestHash, &r.cur.RequestBody, &r.cur.Status,
+		&r.cur.ResponseCode, &r.cur.ResponseBody, &r.cur.CreatedAt, &r.cur.ClaimedAt, &r.cur.UpdatedAt, &r.cur.ExpiresAt,
+		&r.cur.HeartbeatAt, &r.attempts, &r.leaseOwner, &r.held, &r.inFlight}, func() error {
+		found[i-1] = r
+		r = decisionRow{}
+		return nil
+	})
+	if err != nil {
+		return nil, wrap("read keys for decision", err)
+	}
+	out := make([]DecideResult, len(ds))
+	batch := &pgx.Batch{}
+	for n, d := range ds {
+		if err := queueDecision(batch, d, found[n], &out[n]); err != nil {
+			return nil, err
+		}
+	}
+	if batch.Len() > 0 {
+		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+			// A transition that found nothing to update is impossible
+			// while we hold the row lock; report it, never guess.
+			return nil, wrap("write decision", err)
+		}
+	}
+	return out, nil
+}
+
+// queueDecision decides one key from what was read under its lock and
+// queues its writes; res is filled when the batch runs.
+func queueDecision(batch *pgx.Batch, d Decision, r decisionRow, res *DecideResult) error {
+	cur := r.cur
+	attempts := r.attempts
+	*res = DecideResult{Current: cur, Attempts: attempts}
+	ours := d.Owner == "" || (r.leaseOwner != nil && *r.leaseOwner == d.Owner)
 	sameClaim := cur.Key != "" && cur.ClaimedAt.Equal(d.ClaimedAt)
 	statusOK := cur.Status == StatusProcessing ||
 		(d.AllowFailedRetryable && d.Transition == StatusCompleted && cur.Status == StatusFailedRetryable)
@@ -330,20 +387,19 @@ func Decide(ctx context.Context, tx pgx.Tx, d Decision) (DecideResult, error) {
 		// Someone else holds the lease now: we write nothing at all, not
 		// even an audit row in their name.
 		res.Action = ActionLeaseLost
-		return res, nil
-	case held:
+		return nil
+	case r.held:
 		res.Action = ActionHeld
 	case d.CheckHeartbeat && !sameTime(cur.HeartbeatAt, d.LeasedHeartbeatAt):
 		res.Action = ActionInFlightAgain
-	case d.RequireIdle && inFlight:
+	case d.RequireIdle && r.inFlight:
 		res.Action = ActionInFlight
-		return res, nil
+		return nil
 	default:
 		res.Action = d.Action
 		res.Applied = true
 	}
 
-	batch := &pgx.Batch{}
 	var lastErr *string
 	if d.Error != "" {
 		lastErr = &d.Error
@@ -356,25 +412,24 @@ func Decide(ctx context.Context, tx pgx.Tx, d Decision) (DecideResult, error) {
 				WHERE key = $1 AND claimed_at = $2 AND lease_owner = $3`, d.Key, d.ClaimedAt, d.Owner)
 		}
 	} else {
+		scan := func(row pgx.Row) error {
+			k, err := scanKey(row)
+			res.Current = k
+			return err
+		}
 		switch d.Transition {
 		case "":
 		case StatusCompleted:
 			if err := validBody("response body", d.ResponseBody); err != nil {
-				return DecideResult{}, err
+				return err
 			}
 			batch.Queue(`UPDATE idempotency_keys SET status = 'completed', response_code = $3, response_body = $4, updated_at = now()
 				WHERE key = $1 AND claimed_at = $2 AND status IN ('processing', 'failed_retryable')
-				RETURNING `+keyColumns, d.Key, d.ClaimedAt, d.ResponseCode, nullJSON(d.ResponseBody)).QueryRow(func(row pgx.Row) error {
-				res.Current, err = scanKey(row)
-				return err
-			})
+				RETURNING `+keyColumns, d.Key, d.ClaimedAt, d.ResponseCode, nullJSON(d.ResponseBody)).QueryRow(scan)
 		case StatusFailedRetryable:
 			batch.Queue(`UPDATE idempotency_keys SET status = 'failed_retryable', updated_at = now()
 				WHERE key = $1 AND claimed_at = $2 AND status = 'processing'
-				RETURNING `+keyColumns, d.Key, d.ClaimedAt).QueryRow(func(row pgx.Row) error {
-				res.Current, err = scanKey(row)
-				return err
-			})
+				RETURNING `+keyColumns, d.Key, d.ClaimedAt).QueryRow(scan)
 		default:
 			panic("ledger: unknown transition " + d.Transition)
 		}
@@ -404,12 +459,7 @@ func Decide(ctx context.Context, tx pgx.Tx, d Decision) (DecideResult, error) {
 	}
 	queueAudit(batch, AuditEntry{Key: d.Key, Tool: d.Tool, Attempt: res.Attempts, Verdict: d.Verdict, Action: res.Action,
 		Evidence: d.Evidence, Error: d.Error, Actor: d.Actor})
-	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		// A transition that found nothing to update is impossible while we
-		// hold the row lock; report it, never guess.
-		return DecideResult{}, wrap("write decision", err)
-	}
-	return res, nil
+	return nil
 }
 
 func sameTime(a, b *time.Time) bool {

@@ -313,9 +313,7 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 		writers.Add(1)
 		go func() {
 			defer writers.Done()
-			for d := range p.decisions {
-				d.t.decide(ctx, d)
-			}
+			p.writeDecisions(ctx)
 		}()
 	}
 	if !opts.DryRun {
@@ -475,7 +473,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 	}
 	// Leased keys wait in a buffer of one round of probes: the next batch
 	// is leased while this one is probed, and few keys wait under lease.
-	queue := make(chan leasedKey, policy.Concurrency)
+	queue := make(chan leasedKey, max(policy.Concurrency, p.e.cfg.BatchSize))
 	var wg sync.WaitGroup
 	for range policy.Concurrency {
 		wg.Add(1)
@@ -668,10 +666,9 @@ func sanitize(r probes.Result) probes.Result {
 	return r
 }
 
-// decide turns a verdict into a decision and writes it, in one
-// transaction with the alerts it raises or resolves and, when this verdict
-// trips the tool's circuit breaker, the breaker and its alert.
-func (t *toolRun) decide(ctx context.Context, pr probed) {
+// decide turns a verdict into a plan for the writers; a dry run reports it
+// instead (nil plan).
+func (t *toolRun) decide(_ context.Context, pr probed) *plan {
 	p, cfg := t.p, t.p.e.cfg
 	l, res, leasedAt, tripped := pr.l, pr.res, pr.leasedAt, pr.tripped
 	// The database's clock at lease time plus the time since (a monotonic
@@ -767,74 +764,167 @@ func (t *toolRun) decide(ctx context.Context, pr probed) {
 		}
 		p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: d.Action, Attempts: l.Attempts,
 			Error: d.Error, Evidence: d.Evidence, Alerts: names, AgeSecond: age.Seconds()})
-		return
+		return nil
 	}
 
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	defer cancel()
-	var out ledger.DecideResult
-	var raised []string
-	var br breakerOpened
-	err := pgx.BeginFunc(wctx, p.e.pool, func(tx pgx.Tx) error {
-		raised = raised[:0]
-		var err error
-		out, err = ledger.Decide(wctx, tx, d)
+	return &plan{t: t, l: l, d: d, raise: raise, resolveHow: resolveHow, conclusive: conclusive, tripped: tripped, age: age,
+		resolve: l.Attempts > 0 || !l.ExpiresAt.After(now)}
+}
+
+// plan is a decision ready to be written.
+type plan struct {
+	t          *toolRun
+	l          ledger.Leased
+	d          ledger.Decision
+	raise      []alerts.Alert
+	resolveHow string
+	conclusive bool
+	tripped    bool
+	age        time.Duration
+	// resolve: the key may have open alerts (it was decided before, or it
+	// expired and purge alerted it). Otherwise resolving is skipped; the
+	// sweep at the start of every pass catches anything it would miss.
+	resolve bool
+
+	out    ledger.DecideResult
+	raised []string
+	br     breakerOpened
+}
+
+// afterDecide writes, inside the decision's transaction, the alerts it
+// raises or resolves and, when it tripped the breaker, the breaker and its
+// alert (invariant 8: all commit together).
+func (pl *plan) afterDecide(ctx context.Context, tx pgx.Tx) error {
+	t, l, cfg := pl.t, pl.l, pl.t.p.e.cfg
+	pl.raised = pl.raised[:0]
+	var err error
+	if pl.tripped {
+		if pl.br, err = t.openBreakerTx(ctx, tx, pl.d.Error); err != nil {
+			return err
+		}
+		pl.raised = append(pl.raised, string(alerts.ReasonDownstreamUnreachable))
+	}
+	switch {
+	case pl.out.Action == ledger.ActionResolvedByOriginal:
+		// Only a key that is settled (not re-claimed) ends its alerts.
+		if pl.out.Current.Key == "" || pl.out.Current.Status != ledger.StatusProcessing {
+			_, err = alerts.ResolveKey(ctx, tx, l.Tool, l.Key.Key, "resolved by the original attempt")
+		}
+		return err
+	case !pl.out.Applied:
+		return nil
+	}
+	if pl.resolveHow != "" && pl.resolve {
+		if _, err := alerts.ResolveKey(ctx, tx, l.Tool, l.Key.Key, pl.resolveHow); err != nil {
+			return err
+		}
+	}
+	for _, a := range pl.raise {
+		ok, err := alerts.Raise(ctx, tx, a, cfg.RenotifyAfter)
 		if err != nil {
 			return err
 		}
-		if tripped {
-			// The breaker and its alert commit with the decision that
-			// tripped it (invariant 8), whatever that decision became.
-			if br, err = t.openBreakerTx(wctx, tx, d.Error); err != nil {
-				return err
-			}
-			raised = append(raised, string(alerts.ReasonDownstreamUnreachable))
+		if ok {
+			pl.raised = append(pl.raised, string(a.Reason))
 		}
-		switch {
-		case out.Action == ledger.ActionResolvedByOriginal:
-			// Only a key that is settled (not re-claimed) ends its alerts.
-			if out.Current.Key == "" || out.Current.Status != ledger.StatusProcessing {
-				_, err = alerts.ResolveKey(wctx, tx, l.Tool, l.Key.Key, "resolved by the original attempt")
-			}
-			return err
-		case !out.Applied:
-			return nil
-		}
-		if resolveHow != "" {
-			if _, err := alerts.ResolveKey(wctx, tx, l.Tool, l.Key.Key, resolveHow); err != nil {
-				return err
-			}
-		}
-		for _, a := range raise {
-			ok, err := alerts.Raise(wctx, tx, a, cfg.RenotifyAfter)
-			if err != nil {
-				return err
-			}
-			if ok {
-				raised = append(raised, string(a.Reason))
-			}
-		}
-		return nil
-	})
+	}
+	return nil
+}
+
+// finish reports a written plan (or its failure) and updates the tool's
+// breaker state.
+func (pl *plan) finish(ctx context.Context, err error) {
+	t, l, d, p := pl.t, pl.l, pl.d, pl.t.p
 	if err != nil {
 		// Nothing was written: the lease lapses and the key is due again.
 		p.e.logger.Error("record reconcile decision", "key", l.Key.Key, "tool", l.Tool, "verdict", d.Verdict, "err", err)
 		p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: "write_failed", Attempts: l.Attempts,
-			Error: "decision not recorded: " + err.Error(), AgeSecond: age.Seconds()})
+			Error: "decision not recorded: " + err.Error(), AgeSecond: pl.age.Seconds()})
 		return
 	}
-	if tripped {
-		t.breakerOpened(br)
+	if pl.tripped {
+		t.breakerOpened(pl.br)
 	}
-	if t.halfOpen && conclusive && t.policy.Probe != nil {
+	if t.halfOpen && pl.conclusive && t.policy.Probe != nil {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 		t.closeBreaker(wctx)
+		cancel()
 	}
+	out := pl.out
 	p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: out.Action, Attempts: out.Attempts,
-		Error: d.Error, Evidence: d.Evidence, Alerts: raised, AgeSecond: age.Seconds()})
+		Error: d.Error, Evidence: d.Evidence, Alerts: slices.Clone(pl.raised), AgeSecond: pl.age.Seconds()})
 	if out.Action != d.Action {
 		p.e.logger.Info("decision not applied", "key", l.Key.Key, "tool", l.Tool, "verdict", d.Verdict, "action", out.Action)
 	} else if d.Transition != "" {
 		p.e.logger.Info("key resolved", "key", l.Key.Key, "tool", l.Tool, "verdict", d.Verdict, "action", out.Action)
+	}
+}
+
+// maxGroup bounds the decisions one writer commits together.
+const maxGroup = 16
+
+// writeDecisions is one writer: it takes the decisions waiting in the
+// channel (up to maxGroup) and commits them in one transaction, saving a
+// BEGIN/COMMIT (and, on a durable server, a WAL flush) per key. If the group
+// fails, each decision is retried alone, so one bad key cannot block the
+// others.
+func (p *pass) writeDecisions(ctx context.Context) {
+	var group []probed
+	for first := range p.decisions {
+		group = append(group[:0], first)
+	gather:
+		for len(group) < maxGroup {
+			select {
+			case d, ok := <-p.decisions:
+				if !ok {
+					break gather
+				}
+				group = append(group, d)
+			default:
+				break gather
+			}
+		}
+		var plans []*plan
+		for _, pr := range group {
+			if pl := pr.t.decide(ctx, pr); pl != nil {
+				plans = append(plans, pl)
+			}
+		}
+		p.commit(ctx, plans)
+	}
+}
+
+func (p *pass) commit(ctx context.Context, plans []*plan) {
+	if len(plans) == 0 {
+		return
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	err := pgx.BeginFunc(wctx, p.e.pool, func(tx pgx.Tx) error {
+		ds := make([]ledger.Decision, len(plans))
+		for i, pl := range plans {
+			ds[i] = pl.d
+		}
+		outs, err := ledger.DecideMany(wctx, tx, ds)
+		if err != nil {
+			return err
+		}
+		for i, pl := range plans {
+			pl.out = outs[i]
+			if err := pl.afterDecide(wctx, tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil && len(plans) > 1 {
+		for _, pl := range plans {
+			p.commit(ctx, []*plan{pl})
+		}
+		return
+	}
+	for _, pl := range plans {
+		pl.finish(ctx, err)
 	}
 }
 
