@@ -48,6 +48,20 @@ type Leased struct {
 	Now time.Time
 }
 
+// duePredicate says when key k (joined with its reconcile_state s) is due,
+// with $1 tool, $2 window, $3 heartbeat timeout, $4 keys or null, $5 ignore
+// back-off. LeaseDue and PeekDue share it, so a dry run shows exactly what a
+// real pass would take.
+const duePredicate = `k.status = 'processing'
+	  AND k.tool = $1
+	  AND k.claimed_at <= now() - $2::interval
+	  AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - $3::interval)
+	  AND ($4::text[] IS NULL OR k.key = ANY($4::text[]))
+	  AND NOT EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
+	  AND (s.key IS NULL OR s.claimed_at <> k.claimed_at OR (
+	        (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
+	        AND ($5 OR s.next_probe_at IS NULL OR s.next_probe_at <= now())))`
+
 // LeaseDue leases up to p.Limit due keys of p.Tool, oldest claim first, and
 // commits (when db is a pool) before returning: no row lock is held while
 // they are probed. A key is due when it is processing, claimed before
@@ -67,15 +81,7 @@ WITH candidates AS (
 	       k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at
 	FROM idempotency_keys k
 	LEFT JOIN reconcile_state s ON s.key = k.key
-	WHERE k.status = 'processing'
-	  AND k.tool = $1
-	  AND k.claimed_at <= now() - $2::interval
-	  AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - $3::interval)
-	  AND ($4::text[] IS NULL OR k.key = ANY($4::text[]))
-	  AND NOT EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
-	  AND (s.key IS NULL OR s.claimed_at <> k.claimed_at OR (
-	        (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
-	        AND ($5 OR s.next_probe_at IS NULL OR s.next_probe_at <= now())))
+	WHERE ` + duePredicate + `
 	ORDER BY k.claimed_at
 	LIMIT $6
 	FOR NO KEY UPDATE OF k SKIP LOCKED
@@ -160,15 +166,7 @@ SELECT k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code,
        CASE WHEN s.claimed_at = k.claimed_at THEN s.first_not_found_at END, now()
 FROM idempotency_keys k
 LEFT JOIN reconcile_state s ON s.key = k.key
-WHERE k.status = 'processing'
-  AND k.tool = $1
-  AND k.claimed_at <= now() - $2::interval
-  AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - $3::interval)
-  AND ($4::text[] IS NULL OR k.key = ANY($4::text[]))
-  AND NOT EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
-  AND (s.key IS NULL OR s.claimed_at <> k.claimed_at OR (
-        (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
-        AND ($5 OR s.next_probe_at IS NULL OR s.next_probe_at <= now())))
+WHERE ` + duePredicate + `
   AND (k.claimed_at, k.key) > ($7::timestamptz, $8::text)
 ORDER BY k.claimed_at, k.key
 LIMIT $6`

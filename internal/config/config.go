@@ -17,25 +17,28 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
+
+	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
 
-// Defaults, documented in README's configuration reference.
+// Defaults, documented in README's configuration reference. The engine's
+// own defaults are the source for its keys, so the two cannot drift.
 const (
 	DefaultReconcileSchedule    = "@every 30s"
 	DefaultPurgeSchedule        = "@every 1h"
 	DefaultAlertsSchedule       = "@every 15s"
-	DefaultGrace                = 10 * time.Second
-	DefaultBatchSize            = 100
-	DefaultConcurrency          = 16
-	DefaultLease                = 2 * time.Minute
-	DefaultAlertAfterAttempts   = 3
-	DefaultAlertAfterAge        = time.Hour
-	DefaultBackoffBase          = 30 * time.Second
-	DefaultBackoffMax           = 30 * time.Minute
-	DefaultBreakerFailures      = 5
-	DefaultBreakerCooldown      = time.Minute
-	DefaultBreakerMaxCooldown   = 30 * time.Minute
-	DefaultProcessingWindow     = 30 * time.Second
+	DefaultGrace                = reconcile.DefaultGrace
+	DefaultBatchSize            = reconcile.DefaultBatchSize
+	DefaultConcurrency          = reconcile.DefaultConcurrency
+	DefaultLease                = reconcile.DefaultLease
+	DefaultAlertAfterAttempts   = reconcile.DefaultAlertAfterAttempts
+	DefaultAlertAfterAge        = reconcile.DefaultAlertAfterAge
+	DefaultBackoffBase          = reconcile.DefaultBackoffBase
+	DefaultBackoffMax           = reconcile.DefaultBackoffMax
+	DefaultBreakerFailures      = reconcile.DefaultBreakerFailures
+	DefaultBreakerCooldown      = reconcile.DefaultBreakerCooldown
+	DefaultBreakerMaxCooldown   = reconcile.DefaultBreakerMaxCooldown
+	DefaultProcessingWindow     = reconcile.DefaultProcessingWindow
 	DefaultProbeTimeout         = 5 * time.Second
 	DefaultRetentionMinAge      = 24 * time.Hour
 	DefaultRetentionBatchSize   = 1000
@@ -44,7 +47,7 @@ const (
 	DefaultRetentionDutyCycle   = 0.20
 	DefaultRetentionBatchTarget = 15 * time.Millisecond
 	DefaultAuditMaxAge          = 30 * 24 * time.Hour
-	DefaultRenotifyAfter        = 4 * time.Hour
+	DefaultRenotifyAfter        = reconcile.DefaultRenotifyAfter
 	DefaultMaxKeysPerMessage    = 20
 	DefaultHTTPListen           = ":9464"
 )
