@@ -197,7 +197,7 @@ func (d *demo) database(ctx context.Context) (string, func(), error) {
 		if err != nil {
 			return "", nil, fmt.Errorf("cannot reach database at %s: %v", redactURL(raw), rootCause(err))
 		}
-		name := fmt.Sprintf("ledgerkeeper_demo_%d", time.Now().Unix())
+		name := fmt.Sprintf("ledgerkeeper_demo_%d_%d", time.Now().Unix(), os.Getpid())
 		if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 			admin.Close(ctx)
 			return "", nil, fmt.Errorf("create scratch database %s: %w", name, err)

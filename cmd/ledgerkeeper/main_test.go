@@ -322,3 +322,27 @@ func TestSchemaRequired(t *testing.T) {
 		t.Fatalf("unmigrated: %d %s", code, stderr)
 	}
 }
+
+// The newcomer's first command keeps working: the whole loop, end to end,
+// in a scratch database it drops afterwards.
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+	code, out, stderr := cli(t, "demo", "--database-url", db.URL)
+	if code != 0 {
+		t.Fatalf("demo exited %d\n%s\n%s", code, out, stderr)
+	}
+	for _, want := range []string{
+		"1 completed, 1 marked retryable, 1 duplicate alerted, 1 no probe",
+		`"idempotent_replay":true`,
+		"2 message(s) posted",
+		"tickets in the sink: 5",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	if n := db.Count(t, "pg_database WHERE datname LIKE 'ledgerkeeper_demo_%'"); n != 0 {
+		t.Fatalf("scratch database left behind: %d", n)
+	}
+}
