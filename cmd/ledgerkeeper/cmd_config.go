@@ -5,6 +5,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 )
 
 func newConfigCmd(a *app) *cobra.Command {
@@ -24,6 +26,14 @@ problem found.`,
 			if err := a.load(); err != nil {
 				return err
 			}
+			// Build the probes too (nothing connects): a URL template or a
+			// query the probe would refuse is a configuration error now,
+			// not at the first reconcile pass.
+			_, closer, err := daemon.BuildProbes(cmd.Context(), a.cfg, a.registry())
+			if err != nil {
+				return &configError{err}
+			}
+			closer.Close()
 			if asJSON {
 				return a.writeJSON(a.cfg)
 			}
