@@ -103,9 +103,12 @@ func runDemo(ctx context.Context, a *app) error {
 	if err != nil {
 		return err
 	}
-	crash := map[string]bool{"wf-2:step-1:create_ticket": true}
+	// Keys whose handler "dies" after its effect; read by the server's
+	// goroutines, changed by the demo's.
+	var crash sync.Map
+	crash.Store("wf-2:step-1:create_ticket", true)
 	tool := exampletool.New(exampletool.Config{Ledger: pool, Sink: pool, Logger: a.logger, AfterEffect: func(key string) {
-		if crash[key] {
+		if _, ok := crash.Load(key); ok {
 			panic(http.ErrAbortHandler) // the process "dies" after the effect
 		}
 	}})
@@ -138,7 +141,7 @@ func runDemo(ctx context.Context, a *app) error {
 	}
 	a.cfg = cfg
 
-	if err := d.traffic(ctx, crash); err != nil {
+	if err := d.traffic(ctx, &crash); err != nil {
 		return err
 	}
 
@@ -226,7 +229,7 @@ func (d *demo) database(ctx context.Context) (string, func(), error) {
 }
 
 // traffic makes the tool calls whose outcomes the reconciler must settle.
-func (d *demo) traffic(ctx context.Context, crash map[string]bool) error {
+func (d *demo) traffic(ctx context.Context, crash *sync.Map) error {
 	d.say("\n-- 1. agents call create_ticket with Idempotency-Key {workflowRunId}:{stepId} --")
 	body := `{"title":"Printer on fire","account_id":"A-7"}`
 	code, resp := d.call(ctx, "wf-1:step-1:create_ticket", body)
@@ -242,7 +245,7 @@ func (d *demo) traffic(ctx context.Context, crash map[string]bool) error {
 		resp = fmt.Sprintf("the client's automatic retry got %d", code)
 	}
 	d.say("wf-2 crashes AFTER creating its ticket, before storing the response -> %s", resp)
-	delete(crash, "wf-2:step-1:create_ticket")
+	crash.Delete("wf-2:step-1:create_ticket")
 	code, resp = d.call(ctx, "wf-2:step-1:create_ticket", body)
 	d.say("wf-2 retry        -> %d %s (still processing: nothing runs twice)", code, resp)
 
