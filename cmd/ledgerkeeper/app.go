@@ -113,6 +113,20 @@ func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, erro
 	return pool, nil
 }
 
+// ledgerPool is pool for commands that work on the ledger: it also refuses
+// a database whose schema is not current, with the command that fixes it.
+func (a *app) ledgerPool(ctx context.Context) (*pgxpool.Pool, error) {
+	pool, err := a.pool(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
 // checkSchema refuses to work on a database that was never migrated.
 func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	st, err := migrations.List(ctx, pool)

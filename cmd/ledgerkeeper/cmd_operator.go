@@ -35,7 +35,7 @@ func newInspectCmd(a *app) *cobra.Command {
 		Args:  args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			ctx := cmd.Context()
-			pool, err := a.pool(ctx)
+			pool, err := a.ledgerPool(ctx)
 			if err != nil {
 				return err
 			}
@@ -209,7 +209,7 @@ effect turns out to exist after all.`,
 				return usagef("resolve --retryable takes no --code or --body")
 			}
 			ctx := cmd.Context()
-			pool, err := a.pool(ctx)
+			pool, err := a.ledgerPool(ctx)
 			if err != nil {
 				return err
 			}
@@ -303,7 +303,7 @@ failed_retryable key still re-claims it.`,
 				return usagef("hold: --reason is required")
 			}
 			ctx := cmd.Context()
-			pool, err := a.pool(ctx)
+			pool, err := a.ledgerPool(ctx)
 			if err != nil {
 				return err
 			}
@@ -333,7 +333,7 @@ func newReleaseCmd(a *app) *cobra.Command {
 		Args:  args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			ctx := cmd.Context()
-			pool, err := a.pool(ctx)
+			pool, err := a.ledgerPool(ctx)
 			if err != nil {
 				return err
 			}

@@ -46,14 +46,11 @@ outbox for 'serve' to deliver.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			pool, err := a.pool(ctx)
+			pool, err := a.ledgerPool(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			if err := checkSchema(ctx, pool); err != nil {
-				return err
-			}
 			p := expiry.New(purgeConfig(a.cfg, "operator:"+actor("")), pool, a.logger.With("component", "purge"), nil)
 			if dryRun {
 				rep, err := p.DryRun(ctx)

@@ -45,14 +45,11 @@ Safe to run while 'serve' replicas run: leases keep each key to one prober.`,
 				return usagef("--limit must be positive")
 			}
 			ctx := cmd.Context()
-			pool, err := a.pool(ctx)
+			pool, err := a.ledgerPool(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			if err := checkSchema(ctx, pool); err != nil {
-				return err
-			}
 			who := actor(actorFlag)
 			eng, closer, err := daemon.BuildEngine(ctx, a.cfg, pool, a.registry(), "operator:"+who, a.logger, nil)
 			if err != nil {

@@ -44,14 +44,11 @@ func newStatusCmd(a *app) *cobra.Command {
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			pool, err := a.pool(ctx)
+			pool, err := a.ledgerPool(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			if err := checkSchema(ctx, pool); err != nil {
-				return err
-			}
 			st := statusReport{At: time.Now().UTC(), Warnings: []string{}}
 			stats, err := ledger.Stats(ctx, pool, a.windows)
 			if err != nil {

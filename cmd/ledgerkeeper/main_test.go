@@ -323,9 +323,11 @@ func TestOperatorCommands(t *testing.T) {
 func TestSchemaRequired(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewEmpty(t)
-	code, _, stderr := cli(t, "reconcile", "--database-url", db.URL)
-	if code != 1 || !strings.Contains(stderr, "ledgerkeeper migrate") {
-		t.Fatalf("unmigrated: %d %s", code, stderr)
+	for _, args := range [][]string{{"reconcile"}, {"status"}, {"purge"}, {"inspect", "k"}, {"hold", "k", "--reason", "r"}} {
+		code, _, stderr := cli(t, append(args, "--database-url", db.URL)...)
+		if code != 1 || !strings.Contains(stderr, "ledgerkeeper migrate") {
+			t.Errorf("%v on an unmigrated database: %d %s", args, code, stderr)
+		}
 	}
 }
 
