@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
@@ -102,6 +103,10 @@ type Config struct {
 	BreakerMaxCooldown time.Duration
 	// RenotifyAfter: see alerts.Raise. Default 4h.
 	RenotifyAfter time.Duration
+	// Redactor removes registered secrets from probe errors and evidence
+	// before they reach the audit trail, logs and alerts. Nil redacts
+	// nothing.
+	Redactor *secret.Redactor
 }
 
 func (c *Config) applyDefaults() {
