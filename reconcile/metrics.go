@@ -22,11 +22,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ledgerkeeper_reconcile_probes_total",
-			Help: "Probes run, by tool and verdict.",
+			Help: "Probes run, by tool and verdict. A key of a tool without a probe is not probed and not counted here (see decisions_total{action=\"no_probe\"}).",
 		}, []string{"tool", "verdict"}),
 		probeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ledgerkeeper_reconcile_probe_duration_seconds",
-			Help:    "Probe latency, by tool.",
+			Help:    "Latency of the probes that ran, by tool.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}, []string{"tool"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -56,22 +56,30 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // initTool starts a configured tool's counters at zero, so that rate() and
-// increase() see their first event.
+// increase() see their first event. no_probe is a decision, not a verdict:
+// a tool without a probe moves decisions_total{action="no_probe"} and no
+// probe series.
 func (m *Metrics) initTool(tool string) {
 	m.breakerOpens.WithLabelValues(tool)
 	for _, v := range []string{"found", "not_found", "duplicate", "unknown"} {
 		m.probes.WithLabelValues(tool, v)
 	}
-	for _, a := range []string{ActionCompleted, ActionMarkedRetryable, ActionBackoff, ActionDuplicate} {
+	for _, a := range []string{ActionCompleted, ActionMarkedRetryable, ActionBackoff, ActionDuplicate, ActionNoProbe} {
 		m.decisions.WithLabelValues(tool, a)
 	}
 }
 
+// observeProbe counts a probe that ran, with its verdict and latency. It is
+// never called for a key of a tool without a probe: that is no probe
+// failure, and counting it as verdict unknown would make a tool that has
+// no probe look like one whose probe fails (LedgerkeeperProbeErrorsHigh).
 func (m *Metrics) observeProbe(tool, verdict string, d time.Duration) {
 	m.probes.WithLabelValues(tool, verdict).Inc()
 	m.probeDuration.WithLabelValues(tool).Observe(d.Seconds())
 }
 
+// observeDecision counts a decision of the pass by its action, no_probe
+// included.
 func (m *Metrics) observeDecision(tool, action string) {
 	m.decisions.WithLabelValues(tool, action).Inc()
 }
