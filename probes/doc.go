@@ -29,7 +29,7 @@
 // Unknown, with an error that says why: a 3xx (redirects are never
 // followed), 401, 429 or 5xx; a body that is not JSON or is larger than the
 // limit; a match that is a scalar, an array holding anything but non-empty
-// objects, or a path that runs into a scalar or null; a request placeholder
+// objects, or a match path the answer does not have; a request placeholder
 // that is missing, null, empty or not a scalar (probing with an empty value
 // could match everything); a key that would be a "." or ".." path segment
 // (URL normalisation would move the request up the path); a response_body
@@ -37,11 +37,26 @@
 // replayed forever); an outcome that a jsonb column cannot store; a SQL
 // query that is not a read-only SELECT, or that returns a column twice.
 //
-// Only these count as evidence of absence: an HTTP 404; a 2xx JSON document
-// whose match is absent (a missing member or array element), null, [] or
-// {}; zero rows from a SELECT run in a read-only transaction. Choose the
-// match path with that in mind: a 200 whose JSON lacks the match path is
-// read as "no such effect".
+// Only these count as evidence of absence (not_found):
+//
+//   - an HTTP 404;
+//   - a 2xx JSON answer whose match path is present and holds null, [] or
+//     {} (with an empty match: the whole answer is null, [] or {});
+//   - zero rows from the sql probe's SELECT, run in a read-only transaction.
+//
+// Absence must be explicit. A 2xx answer that lacks the match path (a
+// missing member such as `data` when the downstream renamed it `items`, an
+// array index past the end, a segment that runs into a scalar, null or an
+// array) is unknown, with an error that names the missing segment and the
+// path ("match `data`: the answer has no member `data`: did the
+// downstream's API change?"): a misspelt path or a changed API must never
+// read as "no such effect", or a retry would redo an effect that exists.
+//
+// Paths (match, response_body) are dotted: "data", "data.items.0.id". The
+// JSONPath spelling ("$.data[0].id") and the JSON Pointer spelling
+// ("/data/0/id") are refused when the probe is built (and by config check),
+// with the dotted form as a hint: a '$', '[' or ']' anywhere, or a leading
+// '/'.
 //
 // Guard wraps any probe (built-in or written in Go) so that the same rules
 // hold for code this package does not control: it gives the probe a

@@ -115,7 +115,7 @@ func NewHTTP(cfg HTTPConfig) (*HTTPProbe, error) {
 	if p.code < 100 || p.code > 599 {
 		return nil, fmt.Errorf("http probe: response_code %d is not an HTTP status code", p.code)
 	}
-	if p.match, err = parsePath(cfg.Match); err != nil {
+	if p.match, err = parseMatchPath(cfg.Match); err != nil {
 		return nil, fmt.Errorf("http probe: match: %w", err)
 	}
 	if p.mapping, err = parseMapping(cfg.ResponseBody); err != nil {

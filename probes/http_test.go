@@ -137,8 +137,12 @@ func TestHTTPVerdicts(t *testing.T) {
 		{name: "empty array", match: "data", status: 200, body: `{"data":[]}`, want: probes.NotFound},
 		{name: "empty object", match: "data", status: 200, body: `{"data":{}}`, want: probes.NotFound},
 		{name: "null", match: "data", status: 200, body: `{"data":null}`, want: probes.NotFound},
-		{name: "absent", match: "data", status: 200, body: `{"meta":{"count":0}}`, want: probes.NotFound},
-		{name: "absent nested", match: "data.items", status: 200, body: `{"data":{"total":0}}`, want: probes.NotFound},
+		{name: "missing member", match: "data", status: 200, body: `{"meta":{"count":0}}`, want: probes.Unknown, errHas: "the answer has no member `data`: did the downstream's API change?"},
+		{name: "missing nested member", match: "data.items", status: 200, body: `{"data":{"total":0}}`, want: probes.Unknown, errHas: "no member `items` in `data`"},
+		{name: "index past the end", match: "data.1", status: 200, body: `{"data":[{"id":"t-1"}]}`, want: probes.Unknown, errHas: "no element 1"},
+		{name: "whole document empty object", status: 200, body: `{}`, want: probes.NotFound},
+		{name: "whole document null", status: 200, body: `null`, want: probes.NotFound},
+		{name: "nested empty array", match: "data.items", status: 200, body: `{"data":{"items":[]}}`, want: probes.NotFound},
 		{name: "whole document empty array", status: 200, body: `[]`, want: probes.NotFound},
 		{name: "one object", match: "data", status: 200, body: `{"data":{"id":"t-1","n":1}}`, want: probes.Found, wantBody: `{"id":"t-1","n":1}`},
 		{name: "array of one", match: "data", status: 200, body: `{"data":[{"id":"t-1"}]}`, want: probes.Found, wantBody: `{"id":"t-1"}`},
@@ -160,6 +164,7 @@ func TestHTTPVerdicts(t *testing.T) {
 		{name: "shape mismatch", match: "data.items", status: 200, body: `{"data":"oops"}`, want: probes.Unknown, errHas: "shape"},
 		{name: "name into an array", match: "data.id", status: 200, body: `{"data":[{"id":"t-1"}]}`, want: probes.Unknown, errHas: "shape"},
 		{name: "through null", match: "data.items", status: 200, body: `{"data":null}`, want: probes.Unknown, errHas: "shape"},
+		{name: "index into an object", match: "data.0", status: 200, body: `{"data":{"id":"t-1"}}`, want: probes.Unknown, errHas: "no member `0` in `data`"},
 		{name: "non-JSON", match: "data", status: 200, body: `<html>ok</html>`, want: probes.Unknown, errHas: "not JSON"},
 		{name: "empty body", match: "data", status: 200, body: ``, want: probes.Unknown, errHas: "not JSON"},
 		{name: "trailing garbage", match: "data", status: 200, body: `{"data":{"id":1}} {"x":2}`, want: probes.Unknown, errHas: "not JSON"},
@@ -202,6 +207,79 @@ func TestHTTPVerdicts(t *testing.T) {
 				t.Errorf("server got %d requests, want 1", n)
 			}
 		})
+	}
+}
+
+// TestHTTPAbsenceMustBeExplicit: a downstream that renamed the member the
+// match path names ("data" → "items") answers 200 for a ticket that
+// exists; reading the missing member as absence would mark the key
+// failed_retryable and the retry would create a second ticket. Only a
+// present null, [] or {} is absence.
+func TestHTTPAbsenceMustBeExplicit(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		body   string
+		want   probes.Verdict
+		errHas string
+	}{
+		{"renamed field", `{"items":[{"id":"t-1"}]}`, probes.Unknown, "match `data`: the answer has no member `data`: did the downstream's API change?"},
+		{"renamed field, none there", `{"items":[]}`, probes.Unknown, "the answer has no member `data`"},
+		{"missing member", `{"meta":{"count":0}}`, probes.Unknown, "the answer has no member `data`"},
+		{"not an object", `[{"id":"t-1"}]`, probes.Unknown, "the shape differs: the answer is an array"},
+		{"present null", `{"data":null}`, probes.NotFound, ""},
+		{"present empty array", `{"data":[]}`, probes.NotFound, ""},
+		{"present empty object", `{"data":{}}`, probes.NotFound, ""},
+		{"present", `{"data":[{"id":"t-1"}]}`, probes.Found, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newServer(t, reply(200, tt.body))
+			p := newHTTP(t, probes.HTTPConfig{URL: srv.URL + "/v1/tickets?idempotency_key={key}", Match: "data"})
+			res := p.Probe(context.Background(), testKey)
+			assertVerdict(t, res, tt.want)
+			if tt.errHas != "" && !strings.Contains(res.Err.Error(), tt.errHas) {
+				t.Fatalf("err = %q, want it to say %q", res.Err, tt.errHas)
+			}
+			if len(srv.requests()) != 1 {
+				t.Fatalf("server got %d requests, want 1", len(srv.requests()))
+			}
+		})
+	}
+}
+
+// TestNewHTTPRefusesPathSpellings: "$.data" read as a dotted path names a
+// member "$" that no answer has; it is refused with the dotted form.
+func TestNewHTTPRefusesPathSpellings(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, reply(200, `{"data":[{"id":"t-1"}]}`))
+	for _, tt := range []struct {
+		match   string
+		mapping map[string]string
+		hint    string
+	}{
+		{"$.data", nil, `write "data"`},
+		{"$.data[0]", nil, `write "data.0"`},
+		{"$", nil, `write "" (empty: the whole answer)`},
+		{"data[0]", nil, `write "data.0"`},
+		{"/data/items", nil, `JSON Pointer; paths here are dotted: write "data.items"`},
+		{"data", map[string]string{"id": "$.data[0].id"}, `response_body field "id": "$.data[0].id" looks like JSONPath`},
+		{"data", map[string]string{"id": "/id"}, `write "id"`},
+		{"$.data[*]", nil, "no wildcard"},
+	} {
+		p, err := probes.NewHTTP(probes.HTTPConfig{URL: srv.URL + "/v1/{key}", Match: tt.match, ResponseBody: tt.mapping})
+		if err == nil {
+			_ = p.Close()
+			t.Errorf("match %q, response_body %v: accepted", tt.match, tt.mapping)
+			continue
+		}
+		if !strings.Contains(err.Error(), tt.hint) {
+			t.Errorf("match %q, response_body %v: err = %q, want it to contain %q", tt.match, tt.mapping, err, tt.hint)
+		}
+	}
+	if n := len(srv.requests()); n != 0 {
+		t.Fatalf("a refused probe sent %d requests", n)
 	}
 }
 

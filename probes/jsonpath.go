@@ -34,8 +34,75 @@ func parsePath(s string) (jsonPath, error) {
 
 func (p jsonPath) String() string { return p.raw }
 
-// lookupStatus says how a lookup ended; absent and mismatch differ because
-// only a plainly missing member is evidence of absence.
+// CheckPathSpelling refuses the JSONPath ("$.data[0].id") and JSON Pointer
+// ("/data/0/id") spellings of a dotted path, with the dotted form as a hint.
+// Read as dotted paths they would name members no answer has ("$", "data[0]"),
+// so every probe would be unknown; refusing them at load says why at once.
+// A '$', '[' or ']' anywhere, or a leading '/', is refused: no real member
+// name needs them. config check calls it to name the file, line and key.
+func CheckPathSpelling(path string) error {
+	switch {
+	case strings.HasPrefix(path, "/"):
+		return fmt.Errorf("%q is a JSON Pointer; paths here are dotted: write %s", path, hintOf(pointerToDotted(path)))
+	case strings.ContainsAny(path, "$[]"):
+		hint := hintOf(jsonPathToDotted(path))
+		if strings.Contains(path, "*") {
+			hint += " (dotted paths have no wildcard: match the array itself)"
+		}
+		return fmt.Errorf("%q looks like JSONPath (it has a '$', '[' or ']'); paths here are dotted: write %s", path, hint)
+	}
+	return nil
+}
+
+// hintOf quotes a suggested dotted path, explaining the empty one.
+func hintOf(dotted string) string {
+	if dotted == "" {
+		return `"" (empty: the whole answer)`
+	}
+	return fmt.Sprintf("%q", dotted)
+}
+
+// jsonPathToDotted rewrites "$.data[0].id" or "$['data'][0]" as "data.0.id"
+// or "data.0", as a hint; it does not validate.
+func jsonPathToDotted(s string) string {
+	s = strings.TrimPrefix(s, "$")
+	r := strings.NewReplacer("['", ".", "']", "", `["`, ".", `"]`, "", "[", ".", "]", "", "$", "")
+	s = r.Replace(s)
+	var segs []string
+	for _, seg := range strings.Split(s, ".") {
+		if seg != "" {
+			segs = append(segs, seg)
+		}
+	}
+	return strings.Join(segs, ".")
+}
+
+// pointerToDotted rewrites the RFC 6901 pointer "/data/items" as
+// "data.items", as a hint.
+func pointerToDotted(s string) string {
+	var segs []string
+	for _, seg := range strings.Split(strings.TrimPrefix(s, "/"), "/") {
+		seg = strings.ReplaceAll(strings.ReplaceAll(seg, "~1", "/"), "~0", "~")
+		if seg != "" {
+			segs = append(segs, seg)
+		}
+	}
+	return strings.Join(segs, ".")
+}
+
+// parseMatchPath parses a match or response_body path, refusing the
+// JSONPath and JSON Pointer spellings.
+func parseMatchPath(s string) (jsonPath, error) {
+	if err := CheckPathSpelling(s); err != nil {
+		return jsonPath{}, err
+	}
+	return parsePath(s)
+}
+
+// lookupStatus says how a lookup ended. absent and mismatch are told apart
+// for error messages only: neither is evidence of absence, because an answer
+// that lacks the path altogether usually means the path is wrong or the
+// downstream's API changed, not that the effect does not exist.
 type lookupStatus int
 
 const (
@@ -48,30 +115,78 @@ const (
 	mismatch
 )
 
+// pathMiss says where and why a path does not select a value in a document.
+type pathMiss struct {
+	path   jsonPath
+	at     int          // index of the segment that could not be applied
+	status lookupStatus // absent or mismatch
+	parent any          // the value the segment was applied to
+}
+
+// describe explains the miss in words an operator can act on; root names
+// the document ("the answer", "the matched object"). Only configured path
+// segments and JSON type names are quoted, never downstream data.
+func (m *pathMiss) describe(root string) string {
+	seg := m.path.segs[m.at]
+	where := root
+	if m.at > 0 {
+		where = "`" + strings.Join(m.path.segs[:m.at], ".") + "` in " + root
+	}
+	switch x := m.parent.(type) {
+	case map[string]any:
+		if m.at == 0 {
+			return fmt.Sprintf("%s has no member `%s`", root, seg)
+		}
+		return fmt.Sprintf("%s has no member `%s` in `%s`", root, seg, strings.Join(m.path.segs[:m.at], "."))
+	case []any:
+		if m.status == absent {
+			return fmt.Sprintf("the shape differs: %s is an array of %d elements, with no element %s", where, len(x), seg)
+		}
+		return fmt.Sprintf("the shape differs: %s is an array, and `%s` is not an element index (0, 1, …)", where, seg)
+	case nil:
+		return fmt.Sprintf("the shape differs: %s is null, where the path goes on to `%s`", where, seg)
+	default:
+		return fmt.Sprintf("the shape differs: %s is %s, where the path goes on to `%s`", where, describe(x), seg)
+	}
+}
+
 // lookup evaluates p over v, a document decoded by decodeJSON.
 func (p jsonPath) lookup(v any) (any, lookupStatus) {
-	for _, seg := range p.segs {
+	v, miss := p.find(v)
+	if miss != nil {
+		return nil, miss.status
+	}
+	return v, present
+}
+
+// find evaluates p over v and, when the path does not select a value, says
+// where it stopped.
+func (p jsonPath) find(v any) (any, *pathMiss) {
+	for i, seg := range p.segs {
+		miss := &pathMiss{path: p, at: i, status: absent, parent: v}
 		switch x := v.(type) {
 		case map[string]any:
 			next, ok := x[seg]
 			if !ok {
-				return nil, absent
+				return nil, miss
 			}
 			v = next
 		case []any:
-			i, ok := arrayIndex(seg)
+			n, ok := arrayIndex(seg)
 			if !ok {
-				return nil, mismatch
+				miss.status = mismatch
+				return nil, miss
 			}
-			if i >= len(x) {
-				return nil, absent
+			if n >= len(x) {
+				return nil, miss
 			}
-			v = x[i]
+			v = x[n]
 		default:
-			return nil, mismatch
+			miss.status = mismatch
+			return nil, miss
 		}
 	}
-	return v, present
+	return v, nil
 }
 
 // arrayIndex parses a canonical non-negative decimal index ("0", "12"; not
@@ -149,18 +264,18 @@ type selection struct {
 	err     error          // why, for Unknown and Duplicate
 }
 
-// selectEffect applies the match rules to a decoded document: absent, null,
-// [] or {} → NotFound; one non-empty object, or an array of exactly one →
-// Found; an array of several non-empty objects → Duplicate; anything else
-// (a scalar, an array holding anything but non-empty objects, a shape the
-// path does not fit) → Unknown.
+// selectEffect applies the match rules to a decoded document: a present
+// null, [] or {} → NotFound; one non-empty object, or an array of exactly
+// one → Found; an array of several non-empty objects → Duplicate; anything
+// else → Unknown: a scalar, an array holding anything but non-empty objects,
+// and an answer the path does not fit (a missing member, an index past the
+// end of an array, a segment applied to a scalar). A missing member is not
+// absence: it is what a misspelt match path or a renamed field looks like,
+// and reading it as absence would let a retry redo an effect that exists.
 func selectEffect(doc any, match jsonPath) selection {
-	v, st := match.lookup(doc)
-	switch st {
-	case absent:
-		return selection{verdict: NotFound}
-	case mismatch:
-		return selection{verdict: Unknown, err: fmt.Errorf("match %q does not fit the document's shape", match.raw)}
+	v, miss := match.find(doc)
+	if miss != nil {
+		return selection{verdict: Unknown, err: fmt.Errorf("match `%s`: %s: did the downstream's API change? (only a present null, [] or {} at the match path is read as absence)", match.raw, miss.describe("the answer"))}
 	}
 	if isEmpty(v) {
 		return selection{verdict: NotFound}
@@ -207,9 +322,9 @@ func buildBody(obj map[string]any, mapping map[string]jsonPath) (json.RawMessage
 		m := make(map[string]any, len(mapping))
 		for _, field := range sortedKeys(mapping) {
 			p := mapping[field]
-			v, st := p.lookup(obj)
-			if st != present {
-				return nil, fmt.Errorf("response_body field %q: path %q not found in the matched object", field, p.raw)
+			v, miss := p.find(obj)
+			if miss != nil {
+				return nil, fmt.Errorf("response_body field %q: path `%s`: %s: did the downstream's API change?", field, p.raw, miss.describe("the matched object"))
 			}
 			m[field] = v
 		}
@@ -279,7 +394,7 @@ func parseMapping(m map[string]string) (map[string]jsonPath, error) {
 		if field == "" {
 			return nil, errors.New("response_body: empty output field name")
 		}
-		p, err := parsePath(m[field])
+		p, err := parseMatchPath(m[field])
 		if err != nil {
 			return nil, fmt.Errorf("response_body field %q: %w", field, err)
 		}

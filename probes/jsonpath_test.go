@@ -104,7 +104,10 @@ func TestSelectEffect(t *testing.T) {
 		{`{"data":[]}`, "data", NotFound, 0},
 		{`{"data":{}}`, "data", NotFound, 0},
 		{`{"data":null}`, "data", NotFound, 0},
-		{`{}`, "data", NotFound, 0},
+		{`{}`, "data", Unknown, 0}, // a missing member is not absence
+		{`{"data":{"items":[]}}`, "data.items", NotFound, 0},
+		{`{"data":[]}`, "data.0", Unknown, 0}, // an index past the end is not absence
+		{`{"items":[{"id":1}]}`, "data", Unknown, 0},
 		{`{}`, "", NotFound, 0},
 		{`[]`, "", NotFound, 0},
 		{`null`, "", NotFound, 0},

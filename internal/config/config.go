@@ -11,13 +11,16 @@ package config
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
 
@@ -539,6 +542,16 @@ func (c *Config) validateProbe(base string, p *Probe) []*Error {
 		add(base+".type", "required: http, sql or go")
 	default:
 		add(base+".type", "unknown probe type %q (want http, sql or go)", p.Type)
+	}
+	// JSONPath and JSON Pointer spellings would name members no answer
+	// has; refused here so the error has the key's own line.
+	if err := probes.CheckPathSpelling(p.Match); err != nil {
+		add(base+".match", "%v", err)
+	}
+	for _, field := range slices.Sorted(maps.Keys(p.ResponseBody)) {
+		if err := probes.CheckPathSpelling(p.ResponseBody[field]); err != nil {
+			add(base+".response_body."+field, "%v", err)
+		}
 	}
 	if p.ResponseCode != 0 && (p.ResponseCode < 100 || p.ResponseCode > 599) {
 		add(base+".response_code", "must be an HTTP status code, got %d", p.ResponseCode)

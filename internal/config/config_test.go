@@ -124,6 +124,11 @@ func TestParseErrors(t *testing.T) {
 		{"floor under window", "tools:\n  t:\n    processing_window: 2h\nretention:\n  min_age: 1h\n", `lk.yaml:5: retention.min_age: retention floor 1h0m0s is shorter than tool t's processing window`},
 		{"api url without slash", "alerts:\n  slack:\n    token: x\n    channel: c\n    api_url: http://127.0.0.1:1/api\n", `lk.yaml:5: alerts.slack.api_url: must end in "/"`},
 		{"token without channel", "alerts:\n  slack:\n    token: x\n", `alerts.slack.channel: required`},
+		{"jsonpath match", "tools:\n  t:\n    probe:\n      type: http\n      url: http://x/{key}\n      match: \"$.data\"\n", `lk.yaml:6: tools.t.probe.match: "$.data" looks like JSONPath (it has a '$', '[' or ']'); paths here are dotted: write "data"`},
+		{"jsonpath index", "tools:\n  t:\n    probe:\n      type: http\n      url: http://x/{key}\n      match: \"data[0]\"\n", `lk.yaml:6: tools.t.probe.match: "data[0]" looks like JSONPath`},
+		{"json pointer match", "tools:\n  t:\n    probe:\n      type: http\n      url: http://x/{key}\n      match: /data/items\n", `lk.yaml:6: tools.t.probe.match: "/data/items" is a JSON Pointer; paths here are dotted: write "data.items"`},
+		{"jsonpath mapping", "tools:\n  t:\n    probe:\n      type: http\n      url: http://x/{key}\n      match: data\n      response_body:\n        code: code\n        id: \"$.data[0].id\"\n", `lk.yaml:9: tools.t.probe.response_body.id: "$.data[0].id" looks like JSONPath (it has a '$', '[' or ']'); paths here are dotted: write "data.0.id"`},
+		{"json pointer sql mapping", "tools:\n  t:\n    probe:\n      type: sql\n      database_url: postgres://x/y\n      query: select 1\n      response_body: {id: /details/id}\n", `lk.yaml:7: tools.t.probe.response_body.id: "/details/id" is a JSON Pointer; paths here are dotted: write "details.id"`},
 		{"invalid yaml", "reconcile:\n  grace: [\n", `lk.yaml:`},
 		{"duplicate key", "reconcile:\n  grace: 1s\n  grace: 2s\n", `reconcile.grace`},
 	}
