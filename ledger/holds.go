@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -20,23 +21,76 @@ type Hold struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// PutHold puts an existing key on hold and audits it. Holding a held key
-// again updates the reason.
+// HeldError is PutHold's refusal to hold a key that is already on hold: it
+// carries the hold in force, so the operator sees whose it is and why
+// before deciding to replace it. It matches ErrHeld.
+type HeldError struct {
+	Hold Hold
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("key %q is already on hold (by %s since %s: %s)",
+		e.Hold.Key, e.Hold.Actor, e.Hold.CreatedAt.UTC().Format(time.RFC3339), e.Hold.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrHeld) true.
+func (e *HeldError) Unwrap() error { return ErrHeld }
+
+// PutHold puts an existing key on hold and audits it. A key already on hold
+// is refused with a *HeldError and nothing changes: one operator's hold is
+// never silently overwritten by another's (ReplaceHold does that on
+// purpose). ErrNotFound if the key is not in the ledger.
 func PutHold(ctx context.Context, tx pgx.Tx, key, reason, actor string) error {
+	_, err := putHold(ctx, tx, key, reason, actor, false)
+	return err
+}
+
+// ReplaceHold puts an existing key on hold as PutHold does, replacing the
+// hold it already has (reason, actor and since-when become the new ones).
+// It returns the replaced hold, nil if the key was not held. The audit
+// entry is a hold like PutHold's, its evidence naming the replaced hold.
+func ReplaceHold(ctx context.Context, tx pgx.Tx, key, reason, actor string) (*Hold, error) {
+	return putHold(ctx, tx, key, reason, actor, true)
+}
+
+func putHold(ctx context.Context, tx pgx.Tx, key, reason, actor string, replace bool) (*Hold, error) {
+	// The key's row lock orders concurrent holds of one key (and the purge
+	// that waits on it, see PurgeExpiredBatch).
 	k, err := getForUpdate(ctx, tx, key)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	var prev *Hold
+	old, err := GetHold(ctx, tx, key)
+	switch {
+	case err == nil:
+		if !replace {
+			return nil, &HeldError{Hold: old}
+		}
+		prev = &old
+	case !errors.Is(err, ErrNotFound):
+		return nil, err
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO key_holds (key, reason, actor) VALUES ($1, $2, $3)
 		ON CONFLICT (key) DO UPDATE SET reason = excluded.reason, actor = excluded.actor, created_at = now()`, key, reason, actor)
 	if err != nil {
-		return wrap("hold key", err)
+		return nil, wrap("hold key", err)
 	}
 	attempts, err := currentAttempts(ctx, tx, k)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return InsertAudit(ctx, tx, AuditEntry{Key: key, Tool: k.Tool, Attempt: attempts, Verdict: "operator", Action: "hold", Error: reason, Actor: actor})
+	var evidence json.RawMessage
+	if prev != nil {
+		evidence, err = json.Marshal(map[string]any{"replaced": map[string]any{
+			"reason": prev.Reason, "actor": prev.Actor, "since": prev.CreatedAt,
+		}})
+		if err != nil {
+			return nil, fmt.Errorf("hold key: encode the replaced hold: %w", err)
+		}
+	}
+	err = InsertAudit(ctx, tx, AuditEntry{Key: key, Tool: k.Tool, Attempt: attempts, Verdict: "operator", Action: "hold", Evidence: evidence, Error: reason, Actor: actor})
+	return prev, err
 }
 
 // ReleaseHold lifts a hold and audits it. ErrNotFound if the key is not held.
@@ -92,4 +146,32 @@ func currentAttempts(ctx context.Context, db DBTX, k Key) (int, error) {
 	var n int
 	err := db.QueryRow(ctx, `SELECT coalesce((SELECT attempts FROM reconcile_state WHERE key = $1 AND claimed_at = $2), 0)`, k.Key, k.ClaimedAt).Scan(&n)
 	return n, wrap("read attempts", err)
+}
+
+// ToolHolds is one tool's holds, for the daemon's gauges.
+type ToolHolds struct {
+	// Tool is the held key's tool; "" for holds on keys that are no longer
+	// in the ledger (deleted by hand: purge never deletes a held key). Such
+	// a hold still matters: it would apply to a key of the same name
+	// claimed again, so it is counted, not dropped.
+	Tool string `json:"tool"`
+	// Held is the number of holds.
+	Held int `json:"held"`
+	// OldestAgeSeconds is the age of the oldest hold (since it was put or
+	// last replaced), by the database's clock.
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+}
+
+// HoldStats counts holds per tool with the age of each tool's oldest hold,
+// in one aggregate statement (its cost follows the number of holds, which
+// is small; no hold is loaded).
+func HoldStats(ctx context.Context, db DBTX) ([]ToolHolds, error) {
+	rows, err := db.Query(ctx, `SELECT coalesce(k.tool, ''), count(*), extract(epoch FROM now() - min(h.created_at))::float8
+		FROM key_holds h LEFT JOIN idempotency_keys k ON k.key = h.key
+		GROUP BY 1 ORDER BY 1`)
+	if err != nil {
+		return nil, wrap("count holds", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ToolHolds])
+	return out, wrap("count holds", err)
 }
