@@ -19,13 +19,17 @@ type LedgerMetrics struct {
 	inFlight    *prometheus.GaugeVec
 	oldestStuck *prometheus.GaugeVec
 	p99         *prometheus.GaugeVec
-	held        prometheus.Gauge
+	held        *prometheus.GaugeVec
+	oldestHold  *prometheus.GaugeVec
 	up          prometheus.Gauge
 	breakerOpen *prometheus.GaugeVec
 
 	mu       sync.Mutex
 	lastP99  time.Time
 	seenTool map[string]bool
+	// seenHold: tools that have had a held-keys series, "" (holds on keys
+	// no longer in the ledger) included, so that it drops to 0, not away.
+	seenHold map[string]bool
 }
 
 // p99Every spaces the processing-time measurement, which reads recent rows.
@@ -50,10 +54,14 @@ func NewLedgerMetrics(reg prometheus.Registerer) *LedgerMetrics {
 			Name: "ledgerkeeper_processing_p99_seconds",
 			Help: "Observed p99 processing time of keys the tool side completed in the last hour.",
 		}, []string{"tool"}),
-		held: prometheus.NewGauge(prometheus.GaugeOpts{
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ledgerkeeper_keys_held",
-			Help: "Keys on hold.",
-		}),
+			Help: "Keys on hold, by tool (tool=\"\": holds on keys no longer in the ledger).",
+		}, []string{"tool"}),
+		oldestHold: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ledgerkeeper_keys_oldest_hold_age_seconds",
+			Help: "Age of the tool's oldest hold (since it was put or replaced); 0 when none.",
+		}, []string{"tool"}),
 		up: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ledgerkeeper_ledger_up",
 			Help: "1 if the last observation of the ledger succeeded.",
@@ -63,8 +71,9 @@ func NewLedgerMetrics(reg prometheus.Registerer) *LedgerMetrics {
 			Help: "1 while the tool's circuit breaker is open (probing paused), else 0.",
 		}, []string{"tool"}),
 		seenTool: map[string]bool{},
+		seenHold: map[string]bool{},
 	}
-	reg.MustRegister(m.stuck, m.inFlight, m.oldestStuck, m.p99, m.held, m.up, m.breakerOpen)
+	reg.MustRegister(m.stuck, m.inFlight, m.oldestStuck, m.p99, m.held, m.oldestHold, m.up, m.breakerOpen)
 	return m
 }
 
@@ -105,11 +114,23 @@ func (m *LedgerMetrics) update(ctx context.Context, db ledger.DBTX, windows ledg
 			m.oldestStuck.WithLabelValues(t).Set(0)
 		}
 	}
-	holds, err := ledger.ListHolds(ctx, db)
+	holds, err := ledger.HoldStats(ctx, db)
 	if err != nil {
 		return err
 	}
-	m.held.Set(float64(len(holds)))
+	for t := range m.seenTool {
+		m.seenHold[t] = true
+	}
+	heldBy := map[string]ledger.ToolHolds{}
+	for _, h := range holds {
+		heldBy[h.Tool] = h
+		m.seenHold[h.Tool] = true
+	}
+	for t := range m.seenHold {
+		h := heldBy[t] // zero: no hold
+		m.held.WithLabelValues(t).Set(float64(h.Held))
+		m.oldestHold.WithLabelValues(t).Set(h.OldestAgeSeconds)
+	}
 	breakers, err := reconcile.Breakers(ctx, db)
 	if err != nil {
 		return err
