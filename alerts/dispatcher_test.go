@@ -672,3 +672,39 @@ func TestBackoffGrowsAndCaps(t *testing.T) {
 		t.Errorf("huge attempts: %s", got)
 	}
 }
+
+// A dispatcher whose lease was taken over while Slack answered must not
+// mark the rows sent: they are the new holder's now, which posts them and
+// marks them itself. The takeover happens inside the first post, so the
+// order is fixed.
+func TestLeaseTakenOverMidPostIsNotMarkedSent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	srv := newFakeSlack(t, nil)
+	b.raise(t, keyAlert(ReasonNoProbe, "mystery", "wf-1:x"))
+	b.raise(t, keyAlert(ReasonNoProbe, "mystery", "wf-2:x"))
+
+	taker := b.dispatcher(srv.botNotifier(t), nil, func(c *Config) { c.Owner = "taker" })
+	var takerToken string
+	slow := NotifierFunc(func(ctx context.Context, m Message) (bool, error) {
+		// Slack is slow: the lease expires and another dispatcher claims
+		// the rows before this post returns.
+		b.clock.Advance(DefaultLease)
+		takerToken = taker.leaseToken()
+		if _, items, err := taker.claim(ctx, takerToken); err != nil || len(items) != 2 {
+			return false, fmt.Errorf("takeover claimed %d rows: %v", len(items), err)
+		}
+		return srv.botNotifier(t).Notify(ctx, m)
+	})
+	late := b.dispatcher(slow, nil, func(c *Config) { c.Owner = "late" })
+	rep := b.run(t, late)
+	if rep.Messages != 1 || rep.LeaseLost != 2 {
+		t.Fatalf("report %+v: want the message posted and both alerts counted as lease lost", rep)
+	}
+	if n := b.db.Count(t, "alert_outbox WHERE status = 'pending' AND attempts = 0 AND lease_owner = $1", takerToken); n != 2 {
+		t.Fatalf("%d of 2 rows still pending under the new holder's lease: the late dispatcher marked rows it no longer held", n)
+	}
+	if !strings.Contains(b.logs.String(), "lease was taken over") {
+		t.Errorf("no warning logged:\n%s", b.logs.String())
+	}
+}

@@ -336,3 +336,45 @@ func TestRunbookHasEveryReason(t *testing.T) {
 		}
 	}
 }
+
+// Control characters (C0, DEL, C1) and the JavaScript line separators
+// U+2028 and U+2029, which Slack may refuse or show as line breaks inside a
+// value, become spaces wherever outside text lands in a message; newlines
+// and tabs stay.
+func TestEscapeControlCharacters(t *testing.T) {
+	bad := []rune{0x00, 0x01, 0x08, 0x0b, 0x0c, 0x0d, 0x1b, 0x1f, 0x7f, 0x80, 0x85, 0x9f, 0x2028, 0x2029}
+	for _, r := range bad {
+		if got := escape("a" + string(r) + "b"); got != "a b" {
+			t.Errorf("escape(%U) = %q, want %q", r, got, "a b")
+		}
+		if got := escTrunc("a"+string(r)+"b", 10); got != "a b" {
+			t.Errorf("escTrunc(%U) = %q, want %q", r, got, "a b")
+		}
+	}
+	for _, keep := range []string{"a\nb", "a\tb", "é😀", "\u00a0"} {
+		if got := escape(keep); got != keep {
+			t.Errorf("escape(%q) = %q, want it unchanged", keep, got)
+		}
+	}
+
+	// End to end: a key, a tool and a downstream's error full of them.
+	var hostile strings.Builder
+	for _, r := range bad {
+		hostile.WriteString("x" + string(r))
+	}
+	items := fixtureItems()
+	items[0].key = "wf-1:" + hostile.String()
+	items[0].tool = "tool" + hostile.String()
+	items[0].details.LastError = "503: " + hostile.String()
+	r := newRenderer(testRunbook, 20)
+	m := r.render(KindFiring, ReasonProbeFailing, items, fixtureNow)
+	checkMessage(t, r, m)
+	kinds, texts := messageTexts(t, m)
+	for i, s := range texts {
+		for _, c := range bad {
+			if strings.ContainsRune(s, c) {
+				t.Errorf("%s text holds %U: %q", kinds[i], c, s)
+			}
+		}
+	}
+}
