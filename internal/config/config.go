@@ -5,7 +5,10 @@
 // an error that names the file, the line and the key path. `${VAR}` in a
 // scalar expands from the environment (`$$` is a literal `$`); secrets may
 // come from `*_file` twins instead. Secret values are of type Secret, which
-// never prints its contents.
+// never prints its contents. Every value a ${VAR} expanded to in a text
+// setting, every value read from a `*_file` twin and every Secret setting
+// is registered in the configuration's Redactor, which every output goes
+// through.
 package config
 
 import (
@@ -20,6 +23,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
@@ -71,6 +75,9 @@ type Config struct {
 	File string `yaml:"-" json:"file,omitempty"`
 	// lines maps a key path ("reconcile.grace") to its line in File.
 	lines map[string]int
+	// redactor holds every secret value of this configuration (see
+	// Redactor in load.go).
+	redactor *secret.Redactor
 }
 
 // Database says where the ledger lives.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"reflect"
 	"strconv"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 )
 
 // EnvDatabaseURL overrides database.url.
@@ -30,7 +33,9 @@ func (d Duration) String() string { return time.Duration(d).String() }
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
 
 // Secret is a string that never prints its contents: fmt, slog and JSON
-// all see "****". Reveal returns the value for the one place that needs it.
+// all see secret.Mask ("[redacted]"), the mask every other output uses for
+// a registered secret. Reveal returns the value for the one place that
+// needs it.
 type Secret string
 
 // Reveal returns the secret's value.
@@ -41,7 +46,7 @@ func (s Secret) String() string {
 	if s == "" {
 		return ""
 	}
-	return "****"
+	return secret.Mask
 }
 
 // MarshalJSON masks the value.
@@ -53,9 +58,24 @@ func (s Secret) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, s.String(
 // LookupEnv reads the environment; tests substitute their own.
 type LookupEnv func(string) (string, bool)
 
+// Redactor returns the redactor that holds every secret of this
+// configuration: each value a ${VAR} expanded to (wherever it stands: a
+// token inside a probe URL's query counts), each value read from a *_file
+// twin, each Secret-typed setting (database and probe URLs, Slack webhook
+// and token, header values, with their passwords and words), and the
+// database URL given by flag or environment. Every output (logs, errors,
+// audit evidence, Slack, `config check`, `--json`) goes through it. It is
+// never nil.
+func (c *Config) Redactor() *secret.Redactor {
+	if c.redactor == nil {
+		c.redactor = secret.New()
+	}
+	return c.redactor
+}
+
 // Default returns the built-in configuration (no file), with env applied.
 func Default(env LookupEnv) (*Config, error) {
-	c := &Config{}
+	c := &Config{redactor: secret.New()}
 	if err := c.finish(env); err != nil {
 		return nil, err
 	}
@@ -76,14 +96,14 @@ func Parse(file string, data []byte, env LookupEnv) (*Config, error) {
 	if env == nil {
 		env = os.LookupEnv
 	}
-	c := &Config{File: file, lines: map[string]int{}}
+	c := &Config{File: file, lines: map[string]int{}, redactor: secret.New()}
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
 		return nil, &Error{File: file, Line: yamlErrLine(err), Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
 	}
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
-		d := &decoder{file: file, env: env, lines: c.lines}
+		d := &decoder{file: file, env: env, lines: c.lines, red: c.redactor}
 		d.decode(root.Content[0], reflect.ValueOf(c).Elem(), "")
 		if len(d.errs) > 0 {
 			return nil, d.errs
@@ -100,6 +120,7 @@ func (c *Config) finish(env LookupEnv) error {
 	if env == nil {
 		env = os.LookupEnv
 	}
+	red := c.Redactor()
 	if v, ok := env(EnvDatabaseURL); ok && v != "" {
 		c.Database.URL = Secret(v)
 	}
@@ -118,6 +139,7 @@ func (c *Config) finish(env LookupEnv) error {
 			return
 		}
 		*dst = Secret(strings.TrimRight(string(b), "\r\n"))
+		red.Register(dst.Reveal())
 	}
 	readSecret("database.url_file", c.Database.URLFile, &c.Database.URL)
 	readSecret("alerts.slack.webhook_url_file", c.Alerts.Slack.WebhookURLFile, &c.Alerts.Slack.WebhookURL)
@@ -140,14 +162,49 @@ func (c *Config) finish(env LookupEnv) error {
 	if len(errs) > 0 {
 		return errs
 	}
+	c.registerSecrets()
 	c.ApplyDefaults()
 	return c.Validate()
+}
+
+// registerSecrets registers every Secret-typed setting, literal or not: a
+// secret written into the file itself is no less a secret. A header value
+// also registers its words long enough to be a credential ("Bearer
+// abc123…": the token alone may be quoted by a downstream).
+func (c *Config) registerSecrets() {
+	red := c.Redactor()
+	red.Register(c.Database.URL.Reveal(), c.Alerts.Slack.WebhookURL.Reveal(), c.Alerts.Slack.Token.Reveal())
+	if u, err := url.Parse(c.Alerts.Slack.WebhookURL.Reveal()); err == nil && len(u.Path) >= 16 {
+		// The path is the webhook's secret, whatever host prints it, and
+		// its last long segment is the token itself.
+		red.Register(u.Path)
+		for _, seg := range strings.Split(u.Path, "/") {
+			if len(seg) >= 12 {
+				red.Register(seg)
+			}
+		}
+	}
+	for _, t := range c.Tools {
+		if t.Probe == nil {
+			continue
+		}
+		red.Register(t.Probe.DatabaseURL.Reveal())
+		for _, v := range t.Probe.Headers {
+			red.Register(v.Reveal())
+			for _, w := range strings.FieldsFunc(v.Reveal(), func(r rune) bool { return r == ' ' || r == ',' || r == ';' || r == '=' }) {
+				if len(w) >= 8 {
+					red.Register(w)
+				}
+			}
+		}
+	}
 }
 
 // SetDatabaseURL applies the --database-url flag (highest precedence).
 func (c *Config) SetDatabaseURL(u string) {
 	if u != "" {
 		c.Database.URL = Secret(u)
+		c.Redactor().Register(u)
 	}
 }
 
@@ -174,6 +231,8 @@ type decoder struct {
 	env   LookupEnv
 	lines map[string]int
 	errs  Errors
+	// red receives every value a ${VAR} expanded to in a text setting.
+	red *secret.Redactor
 }
 
 var durationType = reflect.TypeOf(Duration(0))
@@ -281,15 +340,21 @@ func (d *decoder) scalar(n *yaml.Node, v reflect.Value, path string) {
 		d.fail(n, path, "expected a single value, got %s", kindName(n))
 		return
 	}
-	raw, err := expand(n.Value, d.env)
+	raw, vals, err := expand(n.Value, d.env)
 	if err != nil {
 		d.fail(n, path, "%v", err)
 		return
 	}
+	// shown is the value an error may quote: never an expanded one (the
+	// variable may hold a secret set in the wrong place).
+	shown := fmt.Sprintf("%q", raw)
+	if len(vals) > 0 {
+		shown = fmt.Sprintf("%q (as expanded from the environment)", n.Value)
+	}
 	if v.Type() == durationType {
 		dur, err := time.ParseDuration(raw)
 		if err != nil || dur < 0 {
-			d.fail(n, path, "bad duration %q (want e.g. 30s, 5m, 24h)", raw)
+			d.fail(n, path, "bad duration %s (want e.g. 30s, 5m, 24h)", shown)
 			return
 		}
 		v.SetInt(int64(dur))
@@ -297,25 +362,30 @@ func (d *decoder) scalar(n *yaml.Node, v reflect.Value, path string) {
 	}
 	switch v.Kind() {
 	case reflect.String:
+		// Text settings register what ${VAR} put in them, wherever they
+		// stand (a token in a probe URL's query); numbers, booleans and
+		// durations are not secrets, and masking "30" everywhere would
+		// ruin every output.
+		d.red.Register(vals...)
 		v.SetString(raw)
 	case reflect.Int, reflect.Int64:
 		i, err := strconv.ParseInt(raw, 10, 64)
 		if err != nil {
-			d.fail(n, path, "expected an integer, got %q", raw)
+			d.fail(n, path, "expected an integer, got %s", shown)
 			return
 		}
 		v.SetInt(i)
 	case reflect.Float64:
 		f, err := strconv.ParseFloat(raw, 64)
 		if err != nil {
-			d.fail(n, path, "expected a number, got %q", raw)
+			d.fail(n, path, "expected a number, got %s", shown)
 			return
 		}
 		v.SetFloat(f)
 	case reflect.Bool:
 		b, err := strconv.ParseBool(raw)
 		if err != nil {
-			d.fail(n, path, "expected true or false, got %q", raw)
+			d.fail(n, path, "expected true or false, got %s", shown)
 			return
 		}
 		v.SetBool(b)
@@ -336,10 +406,11 @@ func kindName(n *yaml.Node) string {
 }
 
 // expand replaces ${VAR} with the variable's value; $$ is a literal $. An
-// unset variable is an error (naming the variable, never a value).
-func expand(s string, env LookupEnv) (string, error) {
+// unset variable is an error (naming the variable, never a value). vals
+// are the values substituted, for the redactor.
+func expand(s string, env LookupEnv) (out string, vals []string, err error) {
 	if !strings.Contains(s, "$") {
-		return s, nil
+		return s, nil, nil
 	}
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
@@ -355,23 +426,24 @@ func expand(s string, env LookupEnv) (string, error) {
 		if i+1 < len(s) && s[i+1] == '{' {
 			end := strings.IndexByte(s[i+2:], '}')
 			if end < 0 {
-				return "", fmt.Errorf("unterminated ${ in value")
+				return "", nil, fmt.Errorf("unterminated ${ in value")
 			}
 			name := s[i+2 : i+2+end]
 			if name == "" {
-				return "", fmt.Errorf("empty ${} in value")
+				return "", nil, fmt.Errorf("empty ${} in value")
 			}
 			val, ok := env(name)
 			if !ok {
-				return "", fmt.Errorf("environment variable %s is not set", name)
+				return "", nil, fmt.Errorf("environment variable %s is not set", name)
 			}
 			b.WriteString(val)
+			vals = append(vals, val)
 			i += 2 + end
 			continue
 		}
 		b.WriteByte('$')
 	}
-	return b.String(), nil
+	return b.String(), vals, nil
 }
 
 // suggest proposes the closest known key, for typos.
