@@ -289,14 +289,19 @@ effect turns out to exist after all.`,
 
 func newHoldCmd(a *app) *cobra.Command {
 	var reason, actorFlag string
+	var replace bool
 	cmd := &cobra.Command{
-		Use:   "hold KEY --reason TEXT",
+		Use:   "hold KEY --reason TEXT [--replace]",
 		Short: "Put a key on hold: never probed, resolved or purged until released",
 		Long: `Put a key on hold: the reconciler neither probes nor resolves it, purge keeps
 it, and resolve refuses it, until 'ledgerkeeper release KEY'. A hold binds
 ledgerkeeper only: the tool side still answers retries as the key's status
 says (409 while processing, the replay once completed), and a retry of a
-failed_retryable key still re-claims it.`,
+failed_retryable key still re-claims it.
+
+A key already on hold is refused (exit 1) with the hold in force: who put it,
+since when, why. --replace replaces it with yours (audited as a hold, naming
+the hold it replaced).`,
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			if strings.TrimSpace(reason) == "" {
@@ -309,17 +314,36 @@ failed_retryable key still re-claims it.`,
 			}
 			defer pool.Close()
 			who := actor(actorFlag)
-			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ledger.PutHold(ctx, tx, argv[0], reason, who) })
-			if errors.Is(err, ledger.ErrNotFound) {
-				return fmt.Errorf("no key %q in the ledger", argv[0])
-			}
-			if err != nil {
+			key := argv[0]
+			var prev *ledger.Hold
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if replace {
+					var err error
+					prev, err = ledger.ReplaceHold(ctx, tx, key, reason, who)
+					return err
+				}
+				return ledger.PutHold(ctx, tx, key, reason, who)
+			})
+			var held *ledger.HeldError
+			switch {
+			case errors.Is(err, ledger.ErrNotFound):
+				return fmt.Errorf("no key %q in the ledger", key)
+			case errors.As(err, &held):
+				h := held.Hold
+				return fmt.Errorf("refused: key %q is already on hold, by %s since %s: %s; nothing changed. Pass --replace to replace that hold with yours, or leave it to %s", key, h.Actor, ts(h.CreatedAt), h.Reason, h.Actor)
+			case err != nil:
 				return err
 			}
-			fmt.Fprintf(a.stdout, "key %s is on hold (by %s: %s); 'ledgerkeeper release %s' lifts it\n", argv[0], who, reason, argv[0])
+			if prev != nil {
+				fmt.Fprintf(a.stdout, "key %s is on hold (by %s: %s), replacing the hold by %s since %s (%s); 'ledgerkeeper release %s' lifts it\n",
+					key, who, reason, prev.Actor, ts(prev.CreatedAt), prev.Reason, key)
+				return nil
+			}
+			fmt.Fprintf(a.stdout, "key %s is on hold (by %s: %s); 'ledgerkeeper release %s' lifts it\n", key, who, reason, key)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&replace, "replace", false, "replace the key's hold if it has one (audited)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why (shown by status and inspect; required)")
 	cmd.Flags().StringVar(&actorFlag, "actor", "", "operator name for the audit trail (default $USER)")
 	return cmd
