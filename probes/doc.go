@@ -35,7 +35,8 @@
 // (URL normalisation would move the request up the path); a response_body
 // field that is missing from the matched object (a partial outcome would be
 // replayed forever); an outcome that a jsonb column cannot store; a SQL
-// query that is not a read-only SELECT, or that returns a column twice.
+// query that tries to write, returns no columns or a column twice, or whose
+// parameter count differs from its args.
 //
 // Only these count as evidence of absence (not_found):
 //
@@ -57,6 +58,23 @@
 // ("/data/0/id") are refused when the probe is built (and by config check),
 // with the dotted form as a hint: a '$', '[' or ']' anywhere, or a leading
 // '/'.
+//
+// # The sql probe stands on the protocol
+//
+// The sql probe's query must start with SELECT or WITH (NewSQL refuses
+// anything else, for a clear message), and it always runs in ProbeExecMode
+// (pgx's describe_exec, pinned on every query whatever the DSN or a
+// caller's pool says): the extended protocol, where PostgreSQL parses the
+// query as one prepared statement and itself refuses a second one ("cannot
+// insert multiple commands into a prepared statement"). No hand-written
+// scanner decides what is one statement. A database_url whose
+// default_query_exec_mode is exec or simple_protocol is refused. The query
+// runs in a READ ONLY transaction, on a session whose
+// default_transaction_read_only is on, under statement and lock timeouts.
+// SQLProbe.Check (config check --connect) prepares the query on the
+// downstream without running it, to report a refused query, a parameter
+// count that differs from args and a response_body column the query does
+// not return before the first probe.
 //
 // Guard wraps any probe (built-in or written in Go) so that the same rules
 // hold for code this package does not control: it gives the probe a

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,16 +30,21 @@ type SQLConfig struct {
 	// DatabaseURL is the downstream PostgreSQL's connection string. It is a
 	// secret: its password never appears in errors. Required unless Pool
 	// is set. Connecting is lazy: an unreachable database makes probes
-	// unknown, not NewSQL fail.
+	// unknown, not NewSQL fail. Its default_query_exec_mode may be absent,
+	// cache_statement, cache_describe or describe_exec (the probe runs
+	// describe_exec whichever); exec and simple_protocol are refused (see
+	// ProbeExecMode).
 	DatabaseURL string
-	// Query is one SELECT with parameters $1…$n bound from Args, e.g.
-	// "SELECT id AS charge_id, amount_cents FROM charges WHERE
-	// idempotency_key = $1". One trailing ';' is allowed; a second
-	// statement is refused.
+	// Query is one SELECT (or WITH … SELECT) with parameters $1…$n bound
+	// from Args, e.g. "SELECT id AS charge_id, amount_cents FROM charges
+	// WHERE idempotency_key = $1". PostgreSQL itself refuses a second
+	// statement: the query is sent as one prepared statement (Parse).
 	Query string
 	// Args are the parameters' sources, in order: "key", "tool" or
-	// "request.PATH" (a dotted path into the key's request body). Every
-	// $1…$n must be used and n must equal len(Args).
+	// "request.PATH" (a dotted path into the key's request body). The
+	// query's parameter count must equal len(Args): PostgreSQL counts them
+	// when it prepares the query (at the first probe, or at
+	// `config check --connect`, see Check).
 	Args []string
 	// Timeout bounds one probe: connecting, the statement and waiting for
 	// locks. Default DefaultTimeout.
@@ -72,24 +78,66 @@ type SQLProbe struct {
 	secret string
 }
 
-// NewSQL validates cfg and returns an sql probe. It refuses a query that is
-// more than one statement or whose parameters do not match Args. It does
-// not connect: ctx only bounds setting the pool up.
-func NewSQL(ctx context.Context, cfg SQLConfig) (*SQLProbe, error) {
-	shape, err := scanSQL(cfg.Query)
+// ProbeExecMode is the pgx exec mode of every probe query, whatever the
+// DSN says. It uses the extended protocol with an unnamed prepared
+// statement (Parse, Describe, then Bind, Execute): PostgreSQL's Parse
+// refuses a string of several statements ("cannot insert multiple commands
+// into a prepared statement", SQLSTATE 42601), so a query such as
+// "SELECT …; COMMIT; SET default_transaction_read_only = off; DELETE …"
+// can never run, whatever text a hand-written scanner might misread. Of the
+// modes that do this it describes the statement on every execution, so a
+// schema changed downstream is never decoded with a stale description, and
+// it holds no named statement that a transaction-pooling proxy could lose.
+// The simple protocol (simple_protocol) runs every statement of the string;
+// exec sends Parse too but without a description, and is refused with it so
+// that one mode is the one tested.
+const ProbeExecMode = pgx.QueryExecModeDescribeExec
+
+// CheckExecMode refuses a database_url whose default_query_exec_mode would
+// not send the probe's query as a prepared statement (exec,
+// simple_protocol); see ProbeExecMode. A URL that does not parse is left to
+// NewSQL, whose error is scrubbed of the password. config check calls it to
+// name the key's line.
+func CheckExecMode(databaseURL string) error {
+	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
+		return nil
+	}
+	return checkExecMode(cfg.DefaultQueryExecMode)
+}
+
+func checkExecMode(m pgx.QueryExecMode) error {
+	switch m {
+	case pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec:
+		return nil
+	}
+	return fmt.Errorf("database_url sets default_query_exec_mode=%s, which probes refuse: "+
+		"a probe query must be sent as a prepared statement, so that PostgreSQL refuses a second statement in it; "+
+		"remove the parameter (probes always run describe_exec)", execModeName(m))
+}
+
+// execModeName spells a mode as default_query_exec_mode does.
+func execModeName(m pgx.QueryExecMode) string {
+	switch m {
+	case pgx.QueryExecModeExec:
+		return "exec"
+	case pgx.QueryExecModeSimpleProtocol:
+		return "simple_protocol"
+	}
+	return strings.ReplaceAll(m.String(), " ", "_")
+}
+
+// NewSQL validates cfg and returns an sql probe. It refuses a query that
+// does not start with SELECT or WITH, and a database_url whose
+// default_query_exec_mode would not use prepared statements. It does not
+// connect: ctx only bounds setting the pool up; Check connects and prepares
+// the query.
+func NewSQL(ctx context.Context, cfg SQLConfig) (*SQLProbe, error) {
+	if err := CheckQuery(cfg.Query); err != nil {
 		return nil, fmt.Errorf("sql probe: %w", err)
 	}
-	for n := 1; n <= max(shape.maxParam, len(cfg.Args)); n++ {
-		if !shape.params[n] {
-			return nil, fmt.Errorf("sql probe: query does not use $%d, but args has %d entries: each arg binds one parameter, $1 to $%d", n, len(cfg.Args), len(cfg.Args))
-		}
-	}
-	if shape.maxParam != len(cfg.Args) {
-		return nil, fmt.Errorf("sql probe: query uses parameters up to $%d but args has %d entries", shape.maxParam, len(cfg.Args))
-	}
 	p := &SQLProbe{
-		query:   shape.body,
+		query:   cfg.Query,
 		timeout: cmp.Or(cfg.Timeout, DefaultTimeout),
 		code:    cmp.Or(cfg.ResponseCode, DefaultResponseCode),
 	}
@@ -106,6 +154,7 @@ func NewSQL(ctx context.Context, cfg SQLConfig) (*SQLProbe, error) {
 		}
 		p.args = append(p.args, ph)
 	}
+	var err error
 	if p.mapping, err = parseMapping(cfg.ResponseBody); err != nil {
 		return nil, fmt.Errorf("sql probe: %w", err)
 	}
@@ -129,6 +178,12 @@ func NewSQL(ctx context.Context, cfg SQLConfig) (*SQLProbe, error) {
 	if pcfg.ConnConfig.Password != "" {
 		p.secret = pcfg.ConnConfig.Password
 	}
+	if err := checkExecMode(pcfg.ConnConfig.DefaultQueryExecMode); err != nil {
+		return nil, fmt.Errorf("sql probe: %w", err)
+	}
+	// Pinned here and again on every query (a caller's Pool may say
+	// otherwise): see ProbeExecMode.
+	pcfg.ConnConfig.DefaultQueryExecMode = ProbeExecMode
 	pcfg.MaxConns = int32(cmp.Or(cfg.MaxConns, DefaultMaxConns))
 	pcfg.MinConns = 0
 	rp := pcfg.ConnConfig.RuntimeParams
@@ -216,7 +271,10 @@ func (p *SQLProbe) Probe(ctx context.Context, k Key) Result {
 // run executes the query and returns the first row as a decoded JSON object
 // and the number of rows, counting no further than 2.
 func (p *SQLProbe) run(ctx context.Context, conn *pgxpool.Conn, args []any) (map[string]any, int, error) {
-	rows, err := conn.Query(ctx, p.query, args...)
+	// The mode comes first and overrides the connection's default: a
+	// caller's Pool configured for the simple protocol must not run a
+	// second statement either.
+	rows, err := conn.Query(ctx, p.query, append([]any{ProbeExecMode}, args...)...)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -437,4 +495,129 @@ func buildRowBody(row map[string]any, mapping map[string]jsonPath) (json.RawMess
 		out[field] = v
 	}
 	return buildBody(out, nil)
+}
+
+// CheckQuery refuses, with a clear message, a query that is empty or does
+// not start with SELECT or WITH (after whitespace and comments). It is not
+// what keeps a probe safe (the read-only transaction and PostgreSQL's
+// refusal of several statements in a prepared one are); it turns a DELETE,
+// a SHOW or a COMMIT into a configuration error instead of an unknown at
+// every probe. NewSQL calls it, and config check (for the key's line).
+func CheckQuery(query string) error {
+	s := query
+	for {
+		s = strings.TrimLeft(s, " \t\n\r\f\v")
+		switch {
+		case strings.HasPrefix(s, "--"):
+			if i := strings.IndexByte(s, '\n'); i >= 0 {
+				s = s[i+1:]
+			} else {
+				s = ""
+			}
+			continue
+		case strings.HasPrefix(s, "/*"):
+			end := commentEnd(s)
+			if end < 0 {
+				return errors.New("query has an unterminated /* comment")
+			}
+			s = s[end:]
+			continue
+		}
+		break
+	}
+	if s == "" || s[0] == ';' {
+		return errors.New("query is empty: want one SELECT")
+	}
+	word := s
+	if i := strings.IndexFunc(s, func(r rune) bool { return !(r == '_' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z') }); i >= 0 {
+		word = s[:i]
+	}
+	switch strings.ToUpper(word) {
+	case "SELECT", "WITH":
+		return nil
+	}
+	return fmt.Errorf("query starts with %.20q: a probe runs one SELECT (or WITH … SELECT) in a read-only transaction", word)
+}
+
+// commentEnd returns the index after the block comment opening s (block
+// comments nest in PostgreSQL), or -1.
+func commentEnd(s string) int {
+	depth := 0
+	for i := 0; i+1 < len(s); {
+		switch {
+		case s[i] == '/' && s[i+1] == '*':
+			depth++
+			i += 2
+		case s[i] == '*' && s[i+1] == '/':
+			depth--
+			i += 2
+			if depth == 0 {
+				return i
+			}
+		default:
+			i++
+		}
+	}
+	return -1
+}
+
+// SQLCheckError is a mistake in an sql probe's configuration that only the
+// downstream can reveal, found by Check. Field is the probe's config key it
+// concerns: "query", "args" or "response_body.FIELD".
+type SQLCheckError struct {
+	Field string
+	Err   error
+}
+
+func (e *SQLCheckError) Error() string { return e.Err.Error() }
+func (e *SQLCheckError) Unwrap() error { return e.Err }
+
+// Check connects to the downstream and prepares the query there, without
+// running it: PostgreSQL parses it (one statement), resolves its tables and
+// columns and counts its parameters. The count must equal len(Args), and
+// every response_body path must start at one of the result's columns (a
+// column of exactly that name, or the first segment of a path into one).
+// Such mistakes are returned as *SQLCheckError; any other error (the
+// downstream cannot be reached, the pool is closed) is operational.
+// `ledgerkeeper config check --connect` runs it for every sql probe.
+func (p *SQLProbe) Check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("sql probe: cannot reach the downstream database (is it up? check database_url): %w", p.scrub(p.timeoutErr(ctx, err)))
+	}
+	defer conn.Release()
+	// An unnamed statement, replaced by the next Parse: nothing is left
+	// behind on the downstream.
+	sd, err := conn.Conn().Prepare(ctx, "", p.query)
+	if err != nil {
+		if _, ok := errors.AsType[*pgconn.PgError](err); ok {
+			return &SQLCheckError{Field: "query", Err: fmt.Errorf("PostgreSQL refuses the query: %w", p.scrub(err))}
+		}
+		return fmt.Errorf("sql probe: prepare the query: %w", p.scrub(p.timeoutErr(ctx, err)))
+	}
+	if n := len(sd.ParamOIDs); n != len(p.args) {
+		return &SQLCheckError{Field: "args", Err: fmt.Errorf("the query has %d parameter(s) ($1…$%d) but args has %d entries: each arg binds one parameter, in order", n, n, len(p.args))}
+	}
+	if len(sd.Fields) == 0 {
+		return &SQLCheckError{Field: "query", Err: errors.New("the query returns no columns: a probe needs a SELECT whose row is the effect")}
+	}
+	cols := make([]string, 0, len(sd.Fields))
+	seen := map[string]bool{}
+	for _, f := range sd.Fields {
+		if seen[f.Name] {
+			return &SQLCheckError{Field: "query", Err: fmt.Errorf("column %q appears twice in the result: give each column its own name (AS …)", f.Name)}
+		}
+		seen[f.Name] = true
+		cols = append(cols, f.Name)
+	}
+	for _, field := range sortedKeys(p.mapping) {
+		path := p.mapping[field]
+		if path.raw == "" || seen[path.raw] || seen[path.segs[0]] {
+			continue
+		}
+		return &SQLCheckError{Field: "response_body." + field, Err: fmt.Errorf("no column %q among the query's result columns (%s)", path.segs[0], strings.Join(cols, ", "))}
+	}
+	return nil
 }

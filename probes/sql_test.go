@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
@@ -196,12 +198,11 @@ func TestSQLWritesAreRefused(t *testing.T) {
 	db := downstream(t)
 	db.Exec(t, "CREATE SEQUENCE s")
 	for _, q := range []string{
-		"INSERT INTO charges VALUES (gen_random_uuid(), $1, 'acc-9', 1, 1, NULL, now()) RETURNING id",
+		"WITH i AS (INSERT INTO charges VALUES (gen_random_uuid(), $1, 'acc-9', 1, 1, NULL, now()) RETURNING id) SELECT id FROM i",
 		"WITH d AS (DELETE FROM charges WHERE idempotency_key <> $1 RETURNING *) SELECT count(*) FROM d",
-		"UPDATE charges SET amount_cents = 0 WHERE idempotency_key = $1 RETURNING id",
+		"WITH u AS (UPDATE charges SET amount_cents = 0 WHERE idempotency_key = $1 RETURNING id) SELECT id FROM u",
 		"SELECT id FROM charges WHERE idempotency_key = $1 FOR UPDATE",
 		"SELECT nextval('s'), $1::text",
-		"DELETE FROM charges WHERE idempotency_key = $1",
 	} {
 		p := newSQL(t, probes.SQLConfig{DatabaseURL: db.URL, Query: q, Args: []string{"key"}})
 		res := p.Probe(context.Background(), keyed("key-one"))
@@ -222,16 +223,12 @@ func TestSQLWritesAreRefused(t *testing.T) {
 	}
 }
 
-// Zero rows is evidence only from a SELECT.
+// Zero rows is evidence only from a SELECT returning columns (statements
+// that are not a SELECT are refused by NewSQL, see TestNewSQLRejects).
 func TestSQLNonSelectIsUnknown(t *testing.T) {
 	t.Parallel()
 	db := downstream(t)
-	for _, q := range []string{"SHOW server_version", "COMMIT", "SET search_path = public", "DO $$ BEGIN END $$"} {
-		p := newSQL(t, probes.SQLConfig{DatabaseURL: db.URL, Query: q})
-		res := p.Probe(context.Background(), testKey)
-		assertVerdict(t, res, probes.Unknown)
-	}
-	// A query that selects no columns proves nothing either.
+	// A query that selects no columns proves nothing.
 	p := newSQL(t, probes.SQLConfig{DatabaseURL: db.URL, Query: "SELECT FROM charges WHERE idempotency_key = $1", Args: []string{"key"}})
 	assertVerdict(t, p.Probe(context.Background(), keyed("key-none")), probes.Unknown)
 }
@@ -309,6 +306,9 @@ func TestSQLRuntimeErrorIsUnknown(t *testing.T) {
 		"SELECT id FROM no_such_table WHERE k = $1",
 		"SELECT 1/0 AS x, $1::text",
 		"SELECT id FROM charges WHERE idempotency_key = $1 AND amount_cents / 0 = 1",
+		"SELECT id FROM charges",                                       // args has more entries than the query has parameters
+		"SELECT id FROM charges WHERE k = $1 AND idempotency_key = $2", // fewer
+		"SELECT id FROM charges WHERE idempotency_key = $2",            // a gap: $1's type is unknown
 	} {
 		p := newSQL(t, probes.SQLConfig{DatabaseURL: db.URL, Query: q, Args: []string{"key"}})
 		assertVerdict(t, p.Probe(context.Background(), keyed("key-one")), probes.Unknown)
@@ -413,17 +413,18 @@ func TestNewSQLRejects(t *testing.T) {
 		cfg    probes.SQLConfig
 		errHas string
 	}{
-		{"two statements", probes.SQLConfig{Query: "SELECT 1; DELETE FROM charges"}, "more than one statement"},
-		{"two selects", probes.SQLConfig{Query: "SELECT id FROM charges WHERE k = $1; SELECT 2", Args: []string{"key"}}, "more than one statement"},
-		{"two semicolons", probes.SQLConfig{Query: "SELECT 1;;"}, "more than one statement"},
+		{"delete", probes.SQLConfig{Query: "DELETE FROM charges WHERE k = $1", Args: []string{"key"}}, `query starts with "DELETE"`},
+		{"delete after a comment", probes.SQLConfig{Query: "/* SELECT */ DELETE FROM charges"}, `"DELETE"`},
+		{"show", probes.SQLConfig{Query: "SHOW server_version"}, "one SELECT"},
+		{"commit", probes.SQLConfig{Query: "COMMIT"}, "one SELECT"},
+		{"set", probes.SQLConfig{Query: "SET search_path = public"}, "one SELECT"},
+		{"do", probes.SQLConfig{Query: "DO $$ BEGIN END $$"}, "one SELECT"},
 		{"empty", probes.SQLConfig{Query: "  -- nothing\n"}, "empty"},
 		{"only semicolon", probes.SQLConfig{Query: ";"}, "empty"},
-		{"unterminated string", probes.SQLConfig{Query: "SELECT 'x; DELETE FROM charges"}, "unterminated"},
-		{"args without $1", probes.SQLConfig{Query: "SELECT id FROM charges", Args: []string{"key"}}, "$1"},
-		{"$1 without args", probes.SQLConfig{Query: "SELECT id FROM charges WHERE k = $1"}, "$1"},
-		{"too few args", probes.SQLConfig{Query: "SELECT id FROM charges WHERE k = $1 AND t = $2", Args: []string{"key"}}, "$2"},
-		{"gap", probes.SQLConfig{Query: "SELECT id FROM charges WHERE k = $2", Args: []string{"key", "tool"}}, "$1"},
-		{"$0", probes.SQLConfig{Query: "SELECT $0"}, "$0"},
+		{"unterminated comment", probes.SQLConfig{Query: "/* SELECT 1"}, "unterminated"},
+		{"simple protocol", probes.SQLConfig{Query: "SELECT 1", DatabaseURL: url + "?default_query_exec_mode=simple_protocol"}, "default_query_exec_mode=simple_protocol"},
+		{"simple protocol, key=value", probes.SQLConfig{Query: "SELECT 1", DatabaseURL: "host=127.0.0.1 port=1 user=prober password=s3cr3t default_query_exec_mode=simple_protocol"}, "default_query_exec_mode=simple_protocol"},
+		{"exec", probes.SQLConfig{Query: "SELECT 1", DatabaseURL: url + "?default_query_exec_mode=exec"}, "default_query_exec_mode=exec"},
 		{"bad arg", probes.SQLConfig{Query: "SELECT $1", Args: []string{"claimed_at"}}, "claimed_at"},
 		{"bad request arg", probes.SQLConfig{Query: "SELECT $1", Args: []string{"request."}}, "request."},
 		{"code", probes.SQLConfig{Query: "SELECT 1", ResponseCode: 42}, "response_code"},
@@ -433,7 +434,9 @@ func TestNewSQLRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		cfg := tt.cfg
-		cfg.DatabaseURL = url
+		if cfg.DatabaseURL == "" {
+			cfg.DatabaseURL = url
+		}
 		p, err := probes.NewSQL(context.Background(), cfg)
 		if err == nil {
 			_ = p.Close()
@@ -477,6 +480,127 @@ func TestNewSQLAcceptsAndRuns(t *testing.T) {
 	}
 	if n := db.Count(t, "charges"); n != 3 {
 		t.Errorf("charges has %d rows", n)
+	}
+}
+
+// withParams appends URL query parameters to a connection URL.
+func withParams(u, params string) string {
+	if strings.Contains(u, "?") {
+		return u + "&" + params
+	}
+	return u + "?" + params
+}
+
+// multiQuery would, run over the simple protocol, end the probe's
+// read-only transaction, open a read-write one (which the session's
+// read-only default allows) and delete every charge: the read-only
+// transaction alone does not stop it.
+const multiQuery = "SELECT id FROM charges WHERE idempotency_key = $1; COMMIT; BEGIN READ WRITE; DELETE FROM charges; COMMIT"
+
+// TestSQLMultipleStatementsRefusedByPostgreSQL: the probe's safety against
+// a second statement rests on the protocol, not on a scanner: no scanner
+// runs (NewSQL checks only the first keyword) and PostgreSQL's Parse
+// refuses the string, whatever the DSN or the caller's pool says; the
+// charges are all still there.
+func TestSQLMultipleStatementsRefusedByPostgreSQL(t *testing.T) {
+	t.Parallel()
+	db := downstream(t)
+	// A caller's pool set to the simple protocol: the probe pins its mode
+	// on every query.
+	simple, err := pgxpool.ParseConfig(withParams(db.URL, "default_query_exec_mode=simple_protocol"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	simplePool, err := pgxpool.NewWithConfig(context.Background(), simple)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(simplePool.Close)
+	for name, cfg := range map[string]probes.SQLConfig{
+		"own pool":                  {DatabaseURL: db.URL, Query: multiQuery, Args: []string{"key"}},
+		"own pool, cache_statement": {DatabaseURL: withParams(db.URL, "default_query_exec_mode=cache_statement"), Query: multiQuery, Args: []string{"key"}},
+		"simple protocol pool":      {Pool: simplePool, Query: multiQuery, Args: []string{"key"}},
+	} {
+		p := newSQL(t, cfg)
+		res := p.Probe(context.Background(), keyed("key-one"))
+		assertVerdict(t, res, probes.Unknown)
+		var pgErr *pgconn.PgError
+		if !errors.As(res.Err, &pgErr) || pgErr.Code != "42601" || !strings.Contains(res.Err.Error(), "cannot insert multiple commands into a prepared statement") {
+			t.Errorf("%s: err = %v, want PostgreSQL's refusal (42601)", name, res.Err)
+		}
+	}
+	if n := db.Count(t, "charges"); n != 3 {
+		t.Fatalf("charges has %d rows, want 3: a second statement ran", n)
+	}
+
+	// The control: the same string over the simple protocol, inside the
+	// transaction a probe opens, deletes every charge. This is what the
+	// pinned mode prevents.
+	ctrl := downstream(t)
+	conn, err := pgx.Connect(context.Background(), withParams(ctrl.URL, "default_query_exec_mode=simple_protocol&options=-c%20default_transaction_read_only%3Don"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(context.Background(), "BEGIN READ ONLY"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(context.Background(), multiQuery, "key-one"); err != nil {
+		t.Fatalf("control: %v", err)
+	}
+	if n := ctrl.Count(t, "charges"); n != 0 {
+		t.Fatalf("control: charges has %d rows, want 0 (the simple protocol ran every statement)", n)
+	}
+}
+
+// TestSQLCheck: Check prepares the query on the downstream, without
+// running it, and names the config key of each mistake.
+func TestSQLCheck(t *testing.T) {
+	t.Parallel()
+	db := downstream(t)
+	tests := []struct {
+		name  string
+		cfg   probes.SQLConfig
+		field string // "" for no error
+		has   string
+	}{
+		{"good", probes.SQLConfig{Query: chargeQuery, Args: []string{"key"}, ResponseBody: map[string]string{"id": "charge_id", "ref": "meta.ref", "whole": ""}}, "", ""},
+		{"too many args", probes.SQLConfig{Query: chargeQuery, Args: []string{"key", "tool"}}, "args", "the query has 1 parameter(s) ($1…$1) but args has 2 entries"},
+		{"too few args", probes.SQLConfig{Query: chargeQuery + " AND account_id = $2", Args: []string{"key"}}, "args", "has 2 parameter(s)"},
+		{"missing column", probes.SQLConfig{Query: chargeQuery, Args: []string{"key"}, ResponseBody: map[string]string{"id": "charge_id", "url": "receipt_url"}}, "response_body.url", `no column "receipt_url" among the query's result columns (charge_id, amount_cents, amount, meta, created_at)`},
+		{"missing table", probes.SQLConfig{Query: "SELECT id FROM charge WHERE idempotency_key = $1", Args: []string{"key"}}, "query", `relation "charge" does not exist`},
+		{"two statements", probes.SQLConfig{Query: multiQuery, Args: []string{"key"}}, "query", "cannot insert multiple commands into a prepared statement"},
+		{"no columns", probes.SQLConfig{Query: "SELECT FROM charges WHERE idempotency_key = $1", Args: []string{"key"}}, "query", "no columns"},
+		{"duplicate columns", probes.SQLConfig{Query: "SELECT id, account_id AS id FROM charges WHERE idempotency_key = $1", Args: []string{"key"}}, "query", `"id" appears twice`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := tt.cfg
+			cfg.DatabaseURL = db.URL
+			err := newSQL(t, cfg).Check(context.Background())
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("Check: %v", err)
+				}
+				return
+			}
+			var ce *probes.SQLCheckError
+			if !errors.As(err, &ce) || ce.Field != tt.field || !strings.Contains(err.Error(), tt.has) {
+				t.Fatalf("Check = %v (%T), want a SQLCheckError on %q saying %q", err, err, tt.field, tt.has)
+			}
+		})
+	}
+	if n := db.Count(t, "charges"); n != 3 {
+		t.Fatalf("charges has %d rows, want 3", n)
+	}
+
+	const password = "ch3ck-s3cret-pw"
+	p := newSQL(t, probes.SQLConfig{DatabaseURL: "postgres://prober:" + password + "@127.0.0.1:1/payments?connect_timeout=2", Query: chargeQuery, Args: []string{"key"}, Timeout: 2 * time.Second})
+	err := p.Check(context.Background())
+	var ce *probes.SQLCheckError
+	if err == nil || errors.As(err, &ce) || !strings.Contains(err.Error(), "cannot reach") || strings.Contains(err.Error(), password) {
+		t.Fatalf("unreachable: %v", err)
 	}
 }
 

@@ -14,13 +14,19 @@ func newConfigCmd(a *app) *cobra.Command {
 		Use:   "config",
 		Short: "Work with the configuration file",
 	}
-	var asJSON bool
+	var asJSON, connect bool
 	check := &cobra.Command{
 		Use:   "check",
 		Short: "Validate the configuration and print the effective settings (secrets masked)",
 		Long: `Validate the configuration file and print the effective settings, defaults
 filled in and secrets masked. Exits 2 naming the file, line and key of every
-problem found.`,
+problem found.
+
+Nothing connects unless --connect is given: then each sql probe connects to
+its downstream and prepares its query there (without running it): PostgreSQL
+must accept it as one statement, its parameter count must equal len(args),
+and every column response_body maps must be among its result columns. A
+downstream that cannot be reached exits 1.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := a.load(); err != nil {
@@ -34,6 +40,12 @@ problem found.`,
 				return &configError{err}
 			}
 			closer.Close()
+			var connected []string
+			if connect {
+				if connected, err = checkSQLProbes(cmd.Context(), a.cfg); err != nil {
+					return err
+				}
+			}
 			if asJSON {
 				return a.writeJSON(a.cfg)
 			}
@@ -48,6 +60,9 @@ problem found.`,
 				src = "built-in defaults (no file)"
 			}
 			fmt.Fprintf(a.stdout, "# configuration OK: %s\n", src)
+			for _, l := range connected {
+				fmt.Fprintf(a.stdout, "# --connect: %s\n", l)
+			}
 			out, err := yaml.Marshal(generic)
 			if err != nil {
 				return err
@@ -57,6 +72,7 @@ problem found.`,
 		},
 	}
 	check.Flags().BoolVar(&asJSON, "json", false, "print one JSON document")
+	check.Flags().BoolVar(&connect, "connect", false, "connect to each sql probe's downstream and prepare its query there")
 	cmd.AddCommand(check)
 	return cmd
 }

@@ -535,6 +535,13 @@ func (c *Config) validateProbe(base string, p *Probe) []*Error {
 		}
 		if strings.TrimSpace(p.Query) == "" {
 			add(base+".query", "required for a sql probe")
+		} else if err := probes.CheckQuery(p.Query); err != nil {
+			add(base+".query", "%v", err)
+		}
+		if p.DatabaseURL != "" {
+			if err := probes.CheckExecMode(p.DatabaseURL.Reveal()); err != nil {
+				add(base+".database_url", "%v", err)
+			}
 		}
 		for i, a := range p.Args {
 			if a != "key" && a != "tool" && !strings.HasPrefix(a, "request.") {

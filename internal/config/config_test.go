@@ -129,6 +129,8 @@ func TestParseErrors(t *testing.T) {
 		{"json pointer match", "tools:\n  t:\n    probe:\n      type: http\n      url: http://x/{key}\n      match: /data/items\n", `lk.yaml:6: tools.t.probe.match: "/data/items" is a JSON Pointer; paths here are dotted: write "data.items"`},
 		{"jsonpath mapping", "tools:\n  t:\n    probe:\n      type: http\n      url: http://x/{key}\n      match: data\n      response_body:\n        code: code\n        id: \"$.data[0].id\"\n", `lk.yaml:9: tools.t.probe.response_body.id: "$.data[0].id" looks like JSONPath (it has a '$', '[' or ']'); paths here are dotted: write "data.0.id"`},
 		{"json pointer sql mapping", "tools:\n  t:\n    probe:\n      type: sql\n      database_url: postgres://x/y\n      query: select 1\n      response_body: {id: /details/id}\n", `lk.yaml:7: tools.t.probe.response_body.id: "/details/id" is a JSON Pointer; paths here are dotted: write "details.id"`},
+		{"sql delete", "tools:\n  t:\n    probe:\n      type: sql\n      database_url: postgres://x/y\n      query: DELETE FROM charges\n", `lk.yaml:6: tools.t.probe.query: query starts with "DELETE": a probe runs one SELECT`},
+		{"sql simple protocol", "tools:\n  t:\n    probe:\n      type: sql\n      database_url: \"postgres://u:s3cret@h/db?default_query_exec_mode=simple_protocol\"\n      query: select 1\n", `lk.yaml:5: tools.t.probe.database_url: database_url sets default_query_exec_mode=simple_protocol, which probes refuse`},
 		{"invalid yaml", "reconcile:\n  grace: [\n", `lk.yaml:`},
 		{"duplicate key", "reconcile:\n  grace: 1s\n  grace: 2s\n", `reconcile.grace`},
 	}
