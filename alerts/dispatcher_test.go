@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 )
 
 // transports runs a test against chat.postMessage and the webhook.
@@ -475,7 +477,7 @@ func TestConcurrentDispatchersPostEachAlertOnce(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	testwait.Wait(t, &wg, testwait.Timeout)
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
@@ -547,14 +549,14 @@ func TestCancelledMidPostReleasesRows(t *testing.T) {
 		return true, ctx.Err()
 	})
 	d := b.dispatcher(hang, nil)
-	done := make(chan Report)
+	done := make(chan Report, 1)
 	go func() {
 		rep, _ := d.RunOnce(ctx)
 		done <- rep
 	}()
-	<-posting
+	testwait.Recv(t, posting, testwait.Timeout)
 	cancel() // SIGTERM while Slack is slow
-	rep := <-done
+	rep := testwait.Recv(t, done, testwait.Timeout)
 	if rep.Deferred != 2 || rep.FailedMessages != 0 {
 		t.Fatalf("report %+v: both groups released, no failure counted", rep)
 	}

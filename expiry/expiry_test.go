@@ -14,6 +14,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -278,10 +279,15 @@ func TestOnePurgeAtATime(t *testing.T) {
 	first.onSleep = func(time.Duration) {
 		once.Do(func() {
 			close(inPause)
-			<-release
+			// Bounded: a test that failed before releasing must not
+			// leave the purge stuck.
+			select {
+			case <-release:
+			case <-time.After(testwait.Timeout):
+			}
 		})
 	}
-	done := make(chan expiry.Report)
+	done := make(chan expiry.Report, 1)
 	go func() {
 		rep, err := b.purger(expiry.Config{BatchSize: 2, Clock: first}).RunOnce(context.Background())
 		if err != nil {
@@ -289,7 +295,7 @@ func TestOnePurgeAtATime(t *testing.T) {
 		}
 		done <- rep
 	}()
-	<-inPause // the first purge holds the lock, between two batches
+	testwait.Recv(t, inPause, testwait.Timeout) // the first purge holds the lock, between two batches
 
 	second, err := b.purger(expiry.Config{}).RunOnce(context.Background())
 	if err != nil || !second.AlreadyRunning || second.KeysDeleted != 0 {
@@ -300,7 +306,7 @@ func TestOnePurgeAtATime(t *testing.T) {
 		t.Fatalf("dry run during a purge: running = %v, %v", dry.PurgeRunning, err)
 	}
 	close(release)
-	if rep := <-done; rep.AlreadyRunning || rep.KeysDeleted != 10 {
+	if rep := testwait.Recv(t, done, testwait.Timeout); rep.AlreadyRunning || rep.KeysDeleted != 10 {
 		t.Fatalf("first purge: %+v", rep)
 	}
 	// The lock went with the pass: the next one runs.
@@ -450,14 +456,14 @@ func TestPurgeConcurrentWithWriters(t *testing.T) {
 		case 1:
 			close(start)
 		case 3:
-			wg.Wait()
+			testwait.Wait(t, &wg, testwait.Timeout)
 		}
 	}
 	rep := run(t, b.purger(expiry.Config{BatchSize: 20}))
 	if pauses < 3 {
 		t.Fatalf("only %d pauses: the writers did not overlap the purge", pauses)
 	}
-	wg.Wait()
+	testwait.Wait(t, &wg, testwait.Timeout)
 
 	if n := b.db.Count(t, "idempotency_keys WHERE key LIKE 'new-%'"); n != writers*perWriter || len(written) != writers*perWriter {
 		t.Fatalf("%d of %d written keys left", n, len(written))
@@ -603,20 +609,13 @@ func TestDatabaseGoneMidPass(t *testing.T) {
 		t.Fatalf("%d left; the first batch must stay deleted", n)
 	}
 	// The killed session takes the lock with it once it has exited.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Eventually(t, func() bool {
 		running, err := ledger.PurgeRunning(ctx, b.db.Pool)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the killed session's lock was never released")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return !running
+	}, testwait.Timeout, "the killed session's purge lock to be released")
 	if rep := run(t, b.purger(expiry.Config{})); rep.KeysDeleted != 6 {
 		t.Fatalf("next pass: %+v", rep)
 	}

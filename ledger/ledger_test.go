@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -138,7 +139,7 @@ func TestConcurrentReclaimOneWinner(t *testing.T) {
 		}()
 	}
 	close(gate)
-	wg.Wait()
+	testwait.Wait(t, &wg, testwait.Timeout)
 	close(results)
 	counts := map[ledger.Outcome]int{}
 	for o := range results {
@@ -297,7 +298,7 @@ func TestLeaseExclusiveUnderConcurrency(t *testing.T) {
 		}()
 	}
 	close(gate)
-	wg.Wait()
+	testwait.Wait(t, &wg, testwait.Timeout)
 	close(seen)
 	count := map[string]int{}
 	for k := range seen {

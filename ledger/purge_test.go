@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 )
 
 // TestMain (pgtest.Main) is in ledger_test.go.
@@ -30,16 +31,12 @@ func exists(t *testing.T, db *pgtest.DB, key string) bool {
 }
 
 // waitBlocked polls until some session of the test's database waits on a
-// lock (the purge batch running in the background has reached a locked row).
+// lock (the statement running in the background has reached a locked row).
 func waitBlocked(t *testing.T, db *pgtest.DB) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for db.Count(t, "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the purge batch never blocked on the locked row")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.Eventually(t, func() bool {
+		return db.Count(t, "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'") > 0
+	}, testwait.Timeout, "a session of the test's database to wait on a lock")
 }
 
 // A failed_retryable key that a retry re-claims while the DELETE waits on
@@ -61,7 +58,7 @@ func TestPurgeBatchRechecksRowReclaimedMidStatement(t *testing.T) {
 	if err != nil || res.Outcome != New {
 		t.Fatalf("re-claim: %v %v", res.Outcome, err)
 	}
-	done := make(chan PurgeBatchResult)
+	done := make(chan PurgeBatchResult, 1)
 	go func() {
 		res, err := PurgeExpiredBatch(ctx, db.Pool, PurgePolicy{MinAge: day}, PurgeCursor{}, 10)
 		if err != nil {
@@ -73,7 +70,7 @@ func TestPurgeBatchRechecksRowReclaimedMidStatement(t *testing.T) {
 	if err := retry.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := <-done; got.Keys != 1 || got.Candidates != 2 {
+	if got := testwait.Recv(t, done, testwait.Timeout); got.Keys != 1 || got.Candidates != 2 {
 		t.Fatalf("deleted %d of %d candidates; want 1 of 2", got.Keys, got.Candidates)
 	}
 	if !exists(t, db, "a") || exists(t, db, "b") {
@@ -100,7 +97,7 @@ func TestPurgeBatchHoldRace(t *testing.T) {
 	if err := PutHold(ctx, op, "a", "investigating", "alice"); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan PurgeBatchResult)
+	done := make(chan PurgeBatchResult, 1)
 	go func() {
 		res, err := PurgeExpiredBatch(ctx, db.Pool, PurgePolicy{MinAge: day}, PurgeCursor{}, 10)
 		if err != nil {
@@ -112,7 +109,7 @@ func TestPurgeBatchHoldRace(t *testing.T) {
 	if err := op.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got := <-done
+	got := testwait.Recv(t, done, testwait.Timeout)
 	if got.HoldRaces != 1 || got.Keys != 1 || got.States != 1 {
 		t.Fatalf("result %+v; want one hold race, then b and its state deleted", got)
 	}
@@ -136,7 +133,7 @@ func TestHoldAfterPurgeFindsKeyGone(t *testing.T) {
 	if _, _, err := deletePurge(ctx, purge, PurgePolicy{MinAge: day}, PurgeCursor{}, 10); err != nil {
 		t.Fatal(err)
 	}
-	held := make(chan error)
+	held := make(chan error, 1)
 	go func() {
 		held <- pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return PutHold(ctx, tx, "a", "r", "alice") })
 	}()
@@ -144,7 +141,7 @@ func TestHoldAfterPurgeFindsKeyGone(t *testing.T) {
 	if err := purge.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-held; !errors.Is(err, ErrNotFound) {
+	if err := testwait.Recv(t, held, testwait.Timeout); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("hold of a purged key: %v; want ErrNotFound", err)
 	}
 	if db.Count(t, "key_holds") != 0 {

@@ -8,12 +8,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) } // goroutine leaks are checked there too
@@ -27,6 +27,18 @@ func get(t *testing.T, url string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// stop stops d, failing the test if Stop does not return in time (a job
+// that never sees its cancellation).
+func stop(t *testing.T, d *Daemon) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		d.Stop()
+		close(done)
+	}()
+	testwait.Recv(t, done, testwait.Timeout)
 }
 
 func TestEndpointsAndJobs(t *testing.T) {
@@ -57,7 +69,7 @@ func TestEndpointsAndJobs(t *testing.T) {
 	}
 	defer d.Stop()
 	for range 3 {
-		<-ran
+		testwait.Recv(t, ran, testwait.Timeout)
 	}
 	base := "http://" + d.Addr()
 	if code, body := get(t, base+"/healthz"); code != 200 || body != "ok\n" {
@@ -72,13 +84,9 @@ func TestEndpointsAndJobs(t *testing.T) {
 	}
 	// Poll until the run results are counted (they are recorded after Run
 	// returns).
-	deadline := time.Now().Add(5 * time.Second)
-	for testutil.ToFloat64(d.metrics.runs.WithLabelValues("panics", "error")) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("panicking job not counted as error")
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval
-	}
+	testwait.Eventually(t, func() bool {
+		return testutil.ToFloat64(d.metrics.runs.WithLabelValues("panics", "error")) == 1
+	}, testwait.Timeout, "the panicking job to be counted as an error")
 	if got := testutil.ToFloat64(d.metrics.runs.WithLabelValues("ok", "ok")); got != 1 {
 		t.Fatalf("ok runs = %v", got)
 	}
@@ -116,17 +124,12 @@ func TestJobNeverOverlapsItself(t *testing.T) {
 	if err := d.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	<-started
-	// Wait for at least one scheduled tick to be skipped while it runs.
-	deadline := time.Now().Add(5 * time.Second)
-	for testutil.ToFloat64(d.metrics.skipped.WithLabelValues("slow")) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("no tick skipped")
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
-	}
+	testwait.Recv(t, started, testwait.Timeout)
+	testwait.Eventually(t, func() bool {
+		return testutil.ToFloat64(d.metrics.skipped.WithLabelValues("slow")) >= 1
+	}, testwait.Timeout, "a scheduled tick to be skipped while the job runs")
 	close(release)
-	d.Stop()
+	stop(t, d)
 	if maxRunning.Load() != 1 {
 		t.Fatalf("job overlapped itself: %d at once", maxRunning.Load())
 	}
@@ -147,8 +150,8 @@ func TestStopCancelsRunningJobs(t *testing.T) {
 	if err := d.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	<-started
-	d.Stop()
+	testwait.Recv(t, started, testwait.Timeout)
+	stop(t, d)
 	if !sawCancel.Load() {
 		t.Fatal("Stop returned before the running job saw its cancellation")
 	}

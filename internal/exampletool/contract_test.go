@@ -16,6 +16,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/exampletool"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -148,7 +149,7 @@ func TestConcurrentSameKeyOneEffect(t *testing.T) {
 		}()
 	}
 	close(gate)
-	wg.Wait()
+	testwait.Wait(t, &wg, testwait.Timeout)
 	close(answers)
 	created, conflicts, replays := 0, 0, 0
 	for a := range answers {
@@ -206,16 +207,11 @@ func TestClientDeadlineShorterThanProcessing(t *testing.T) {
 	if retry.code != http.StatusConflict || retry.retry == "" {
 		t.Fatalf("retry = %d %q %s, want 409 with Retry-After", retry.code, retry.retry, retry.raw)
 	}
-	// Poll (with a deadline) until the first attempt has stored its outcome.
-	deadline := time.Now().Add(10 * time.Second)
 	var last answer
-	for time.Now().Before(deadline) {
+	testwait.Eventually(t, func() bool {
 		last = b.mustCall(t, "slow", body)
-		if last.code != http.StatusConflict {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
-	}
+		return last.code != http.StatusConflict
+	}, testwait.Timeout, "the first attempt to store its outcome (retries answered 409 until then)")
 	if last.code != http.StatusCreated || !last.env.IdempotentReplay {
 		t.Fatalf("final retry = %d %s", last.code, last.raw)
 	}
@@ -323,18 +319,11 @@ func TestMiddlewareHeartbeats(t *testing.T) {
 		defer close(done)
 		b.mustCall(t, "beat", body)
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testwait.Eventually(t, func() bool {
 		k, err := ledger.Get(context.Background(), b.db.Pool, "beat")
-		if err == nil && k.HeartbeatAt != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no heartbeat recorded while the handler ran")
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval
-	}
-	<-done
+		return err == nil && k.HeartbeatAt != nil
+	}, testwait.Timeout, "a heartbeat recorded while the handler runs")
+	testwait.Recv(t, done, testwait.Timeout)
 }
 
 // The ledger going away mid-request: 503, and no ticket is created.
@@ -364,17 +353,16 @@ func TestHeartbeatOutlivesClient(t *testing.T) {
 	}
 	first := time.Now()
 	var beats []time.Time
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	testwait.Eventually(t, func() bool {
 		k, err := ledger.Get(context.Background(), b.db.Pool, "abandoned")
 		if err == nil && k.Status == ledger.StatusCompleted {
-			break
+			return true
 		}
 		if err == nil && k.HeartbeatAt != nil && (len(beats) == 0 || !k.HeartbeatAt.Equal(beats[len(beats)-1])) {
 			beats = append(beats, *k.HeartbeatAt)
 		}
-		time.Sleep(20 * time.Millisecond) // polling interval
-	}
+		return false
+	}, testwait.Timeout, "the abandoned attempt to complete, heartbeating meanwhile")
 	if len(beats) < 3 || time.Since(first) < 300*time.Millisecond {
 		t.Fatalf("heartbeats after the client left: %d distinct values", len(beats))
 	}
