@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 )
 
 // slackServer speaks chat.postMessage and records the texts it got.
@@ -97,20 +98,31 @@ http:
 	tk.mu.Unlock()
 
 	ctx, cancel := context.WithCancel(context.Background())
-	exited := make(chan int)
+	exited := make(chan int, 1)
 	var stderr bytes.Buffer
 	go func() {
 		exited <- run(ctx, []string{"serve", "--config", cfg, "--database-url", db.URL}, io.Discard, &stderr)
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for status(t, db, "wf-1:found") != "completed" || !strings.Contains(slack.all(), "refund_payment") {
-		if time.Now().After(deadline) {
+	// However the test ends, serve is stopped (SIGTERM) before the
+	// database goes, and a failure shows what serve said.
+	stopped, code := false, 0
+	stop := func() int {
+		if !stopped {
+			stopped = true
 			cancel()
-			<-exited
-			t.Fatalf("serve did not resolve and alert in time; slack got %q; stderr:\n%s", slack.all(), stderr.String())
+			code = testwait.Recv(t, exited, 40*time.Second)
 		}
-		time.Sleep(100 * time.Millisecond) // polling interval
+		return code
 	}
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			t.Logf("slack got %q; serve's stderr:\n%s", slack.all(), stderr.String())
+		}
+	})
+	testwait.Eventually(t, func() bool {
+		return status(t, db, "wf-1:found") == "completed" && strings.Contains(slack.all(), "refund_payment")
+	}, 30*time.Second, "serve to complete wf-1:found and alert about refund_payment")
 	if strings.Contains(slack.all(), "<!channel>") {
 		t.Fatalf("an unescaped key reached Slack: %s", slack.all())
 	}
@@ -132,13 +144,7 @@ http:
 			t.Fatalf("%s: %d, want %q in:\n%.2000s", path, resp.StatusCode, want, body)
 		}
 	}
-	cancel() // SIGTERM
-	select {
-	case code := <-exited:
-		if code != 0 {
-			t.Fatalf("serve exited %d:\n%s", code, stderr.String())
-		}
-	case <-time.After(40 * time.Second):
-		t.Fatal("serve did not stop")
+	if code := stop(); code != 0 {
+		t.Fatalf("serve exited %d:\n%s", code, stderr.String())
 	}
 }
