@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 )
 
 func TestStringRemovesEveryFormOfARegisteredValue(t *testing.T) {
@@ -199,7 +201,7 @@ func TestConcurrentRegisterAndString(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	testwait.Wait(t, &wg, testwait.Timeout)
 	if got := r.String("value-7-49"); got != Mask {
 		t.Fatalf("got %q", got)
 	}
