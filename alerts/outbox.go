@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 )
 
 // Reason is why an alert fires; each has a runbook section of its own.
@@ -37,11 +39,15 @@ const (
 	// older than the downstream's own dedup window, so a wrong not_found
 	// could no longer be caught downstream: escalated, never auto-retried.
 	ReasonDedupWindowPassed Reason = "dedup_window_passed"
+	// ReasonProbeUntrusted: the tool's probe failed its self-check against
+	// the ledger's ground truth; none of the tool's keys changes state
+	// until it passes again. Tool-wide.
+	ReasonProbeUntrusted Reason = "probe_untrusted"
 )
 
 // Reasons lists every reason, in the order messages present them.
 var Reasons = []Reason{
-	ReasonDuplicate, ReasonDedupWindowPassed, ReasonExpiredProcessing,
+	ReasonDuplicate, ReasonProbeUntrusted, ReasonDedupWindowPassed, ReasonExpiredProcessing,
 	ReasonDownstreamUnreachable, ReasonProbeFailing, ReasonNoProbe,
 }
 
@@ -113,7 +119,7 @@ func Raise(ctx context.Context, db DBTX, a Alert, renotifyAfter time.Duration) (
 		return false, fmt.Errorf("raise %s alert: %w", a.Reason, err)
 	}
 	// Cut by characters: a cut inside a UTF-8 sequence would store U+FFFD.
-	a.Details.LastError = truncRunes(a.Details.LastError, maxErrorLen)
+	a.Details.LastError = safetext.ClipRunes(a.Details.LastError, maxErrorLen)
 	if err := enqueue(ctx, db, a, KindFiring); err != nil {
 		return false, err
 	}
@@ -133,9 +139,21 @@ func ResolveTool(ctx context.Context, db DBTX, tool, how string) (int, error) {
 	return resolve(ctx, db, "tool:"+tool, tool, "", how)
 }
 
+// ResolveToolReason resolves one tool-wide alert: the breaker closing ends
+// downstream_unreachable, a passing self-check ends probe_untrusted, and
+// neither ends the other.
+func ResolveToolReason(ctx context.Context, db DBTX, tool string, reason Reason, how string) (int, error) {
+	return resolveReason(ctx, db, "tool:"+tool, tool, "", string(reason), how)
+}
+
 func resolve(ctx context.Context, db DBTX, subj, tool, key, how string) (int, error) {
+	return resolveReason(ctx, db, subj, tool, key, "", how)
+}
+
+// resolveReason resolves the open alerts of subj, of one reason ("": all).
+func resolveReason(ctx context.Context, db DBTX, subj, tool, key, reason, how string) (int, error) {
 	rows, err := db.Query(ctx, `UPDATE alert_state SET resolved_at = now()
-		WHERE subject = $1 AND resolved_at IS NULL RETURNING reason`, subj)
+		WHERE subject = $1 AND resolved_at IS NULL AND ($2 = '' OR reason = $2) RETURNING reason`, subj, reason)
 	if err != nil {
 		return 0, fmt.Errorf("resolve alerts of %s: %w", subj, err)
 	}
@@ -152,6 +170,11 @@ func resolve(ctx context.Context, db DBTX, subj, tool, key, how string) (int, er
 }
 
 func enqueue(ctx context.Context, db DBTX, a Alert, kind Kind) error {
+	// jsonb refuses \u0000 and text refuses invalid UTF-8: an alert whose
+	// texts cannot be stored would fail the decision that raises it.
+	d := &a.Details
+	d.Verdict, d.LastError = safetext.Clean(d.Verdict), safetext.Clean(d.LastError)
+	d.Note, d.Resolution = safetext.Clean(d.Note), safetext.Clean(d.Resolution)
 	details, err := json.Marshal(a.Details)
 	if err != nil {
 		return fmt.Errorf("encode alert details: %w", err)

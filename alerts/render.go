@@ -9,6 +9,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/slack-go/slack"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 )
 
 // Slack's limits for a message, in characters.
@@ -41,6 +44,9 @@ var reasonInfos = map[Reason]reasonInfo{
 	ReasonDownstreamUnreachable: {"Downstream unreachable",
 		"The tool's probes keep failing, so its circuit breaker opened and probing is paused: its stuck keys stay processing (retries get 409) until the downstream answers.",
 		"check the downstream and the probe's URL and credentials; probing resumes by itself when the breaker closes."},
+	ReasonProbeUntrusted: {"Probe untrusted",
+		"The tool's probe failed its self-check: keys the ledger knows were completed did not come back found, or a key never issued did not come back not_found. Its verdicts cannot be trusted, so none of the tool's keys changes state (they stay processing; retries get 409).",
+		"run `ledgerkeeper probe check --tool TOOL` and `ledgerkeeper probe run KEY` on a sample below; fix the probe's url, match or response_body (or the downstream's credentials), deploy, and the next pass checks again."},
 	ReasonProbeFailing: {"Probe failing",
 		"The probe keeps answering unknown (error, timeout, unreadable answer) for the key, so ledgerkeeper cannot tell whether the effect happened: the key stays processing.",
 		"inspect the key, fix the probe or the downstream, then re-probe with `ledgerkeeper reconcile --key KEY`, or decide with `ledgerkeeper resolve`."},
@@ -76,6 +82,9 @@ type renderer struct {
 	// runbookURL is the base link of runbook.md (validated), "" for none.
 	runbookURL string
 	maxItems   int
+	// red removes secrets from every value that came from the ledger or a
+	// downstream before it is rendered (nil: the built-in patterns only).
+	red *secret.Redactor
 }
 
 var safeLinkRE = regexp.MustCompile(`^https?://[^\s<>|"` + "`" + `]+$`)
@@ -88,6 +97,12 @@ func newRenderer(runbookURL string, maxItems int) renderer {
 		u.Fragment = ""
 		r.runbookURL = u.String()
 	}
+	return r
+}
+
+// withRedactor returns r redacting with red.
+func (r renderer) withRedactor(red *secret.Redactor) renderer {
+	r.red = red
 	return r
 }
 
@@ -118,6 +133,7 @@ func anchorFor(r Reason) string {
 }
 
 func (r renderer) render(kind Kind, reason Reason, items []item, now time.Time) Message {
+	items = r.redact(items)
 	info := infoFor(reason)
 	count := plural(len(items), unitOf(items))
 
@@ -135,7 +151,7 @@ func (r renderer) render(kind Kind, reason Reason, items []item, now time.Time) 
 	}
 
 	blocks := []slack.Block{
-		slack.NewHeaderBlock(slack.NewTextBlockObject(slack.PlainTextType, truncRunes(header, maxHeaderText), true, false)),
+		slack.NewHeaderBlock(slack.NewTextBlockObject(slack.PlainTextType, safetext.ClipRunes(header, maxHeaderText), true, false)),
 		section(lead),
 	}
 	listed := items
@@ -156,6 +172,25 @@ func (r renderer) render(kind Kind, reason Reason, items []item, now time.Time) 
 		Text:   r.fallback(kind, reason, info, items, count),
 		Blocks: blocks,
 	}
+}
+
+// redact returns copies of items whose texts (key, tool, last error, note,
+// resolution, verdict) went through the one redactor: a probe error may
+// quote a URL with a token, a header or a DSN. It runs before any cut, so
+// no cut can leave half a secret the redactor no longer recognises.
+func (r renderer) redact(items []item) []item {
+	out := make([]item, len(items))
+	for i, it := range items {
+		it.key = r.red.String(it.key)
+		it.tool = r.red.String(it.tool)
+		d := &it.details
+		d.LastError = r.red.String(d.LastError)
+		d.Note = r.red.String(d.Note)
+		d.Resolution = r.red.String(d.Resolution)
+		d.Verdict = r.red.String(d.Verdict)
+		out[i] = it
+	}
+	return out
 }
 
 // section is a mrkdwn section. verbatim: Slack must not turn bare names or
@@ -200,7 +235,7 @@ func (r renderer) itemText(kind Kind, it item, now time.Time) string {
 			b.WriteString("\n" + strings.Join(facts, " · "))
 		}
 		if d.LastError != "" {
-			b.WriteString("\n*Last probe error:* " + codeBlock(truncRunes(scrubSecrets(d.LastError), maxErrorRunes), 1000))
+			b.WriteString("\n*Last probe error:* " + codeBlock(safetext.ClipRunes(d.LastError, maxErrorRunes), 1000))
 		}
 		if d.Note != "" {
 			b.WriteString("\n*Note:* " + escTrunc(oneLine(d.Note), 250))
@@ -308,21 +343,6 @@ func formatAge(d time.Duration) string {
 	}
 }
 
-var (
-	userinfoRE = regexp.MustCompile(`://[^/\s@]*@`)
-	bearerRE   = regexp.MustCompile(`(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}`)
-)
-
-// scrubSecrets removes what looks like a credential from a probe error
-// before it reaches Slack: probes should not quote secrets, but an error
-// from a client library may quote a URL with userinfo or a header value.
-func scrubSecrets(s string) string {
-	s = userinfoRE.ReplaceAllString(s, "://[redacted]@")
-	s = bearerRE.ReplaceAllString(s, "$1 [redacted]")
-	s = tokenRE.ReplaceAllString(s, "xox?-[redacted]")
-	return webhookRE.ReplaceAllString(s, "hooks.slack.com/[redacted]")
-}
-
 var shellSafeRE = regexp.MustCompile(`^[A-Za-z0-9_@%+=:,./-]+$`)
 
 // shellQuote quotes s for a POSIX shell: bare when harmless, else in
@@ -416,15 +436,6 @@ func codeBlock(s string, max int) string {
 		return escTrunc(oneLine(s), max)
 	}
 	return "```" + escTrunc(s, max-6) + "```"
-}
-
-// truncRunes cuts raw (unescaped) text to max characters, marking the cut.
-func truncRunes(s string, max int) string {
-	if utf8.RuneCountInString(s) <= max {
-		return s
-	}
-	rs := []rune(s)
-	return string(rs[:max-1]) + "…"
 }
 
 // safeCut is the last guard on an already rendered text: it cuts to max

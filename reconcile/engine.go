@@ -9,17 +9,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	mrand "math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
@@ -40,6 +44,9 @@ const (
 	DefaultBreakerMaxCooldown = 30 * time.Minute
 	DefaultRenotifyAfter      = 4 * time.Hour
 	DefaultProcessingWindow   = 30 * time.Second
+	DefaultSelfCheckInterval  = 10 * time.Minute
+	DefaultSelfCheckSamples   = 3
+	DefaultSelfCheckMaxAge    = 6 * time.Hour
 	// writeTimeout bounds one decision's transaction.
 	writeTimeout = 10 * time.Second
 )
@@ -64,6 +71,14 @@ type Policy struct {
 	// ProbeTimeout is the probe's own deadline (0: unknown). A leased key
 	// is probed only while its lease has this much left, plus a margin.
 	ProbeTimeout time.Duration
+	// ProbeFingerprint identifies the probe's configuration: a stored
+	// self-check vouches only for the configuration it checked, so a
+	// changed probe is checked again at once.
+	ProbeFingerprint string
+	// SelfCheckDisabled turns the self-check off for this tool: its
+	// verdicts are acted on unchecked. Dangerous: a probe broken on day one
+	// marks keys retryable whose effect happened.
+	SelfCheckDisabled bool
 }
 
 // Config configures an Engine. Zero values take the defaults above.
@@ -103,6 +118,15 @@ type Config struct {
 	BreakerMaxCooldown time.Duration
 	// RenotifyAfter: see alerts.Raise. Default 4h.
 	RenotifyAfter time.Duration
+	// SelfCheckInterval is how long a passing self-check vouches for a
+	// tool's probe (shared across replicas). Default 10m. A failing one is
+	// repeated every pass.
+	SelfCheckInterval time.Duration
+	// SelfCheckSamples is how many keys completed by their tool server are
+	// probed per self-check. Default 3.
+	SelfCheckSamples int
+	// SelfCheckMaxAge bounds the age of those keys. Default 6h.
+	SelfCheckMaxAge time.Duration
 	// Redactor removes registered secrets from probe errors and evidence
 	// before they reach the audit trail, logs and alerts. Nil redacts
 	// nothing.
@@ -122,6 +146,9 @@ func (c *Config) applyDefaults() {
 	c.BreakerCooldown = cmp.Or(c.BreakerCooldown, DefaultBreakerCooldown)
 	c.BreakerMaxCooldown = cmp.Or(c.BreakerMaxCooldown, DefaultBreakerMaxCooldown)
 	c.RenotifyAfter = cmp.Or(c.RenotifyAfter, DefaultRenotifyAfter)
+	c.SelfCheckInterval = cmp.Or(c.SelfCheckInterval, DefaultSelfCheckInterval)
+	c.SelfCheckSamples = cmp.Or(c.SelfCheckSamples, DefaultSelfCheckSamples)
+	c.SelfCheckMaxAge = cmp.Or(c.SelfCheckMaxAge, DefaultSelfCheckMaxAge)
 	c.Default.ProcessingWindow = cmp.Or(c.Default.ProcessingWindow, DefaultProcessingWindow)
 	c.Default.Probe = nil
 	fill := func(p Policy) Policy {
@@ -215,6 +242,13 @@ type ToolReport struct {
 	BreakerOpen bool       `json:"breaker_open,omitempty"`
 	OpenUntil   *time.Time `json:"breaker_open_until,omitempty"`
 	Note        string     `json:"note,omitempty"`
+	// SelfCheck is the check that vouched for (or against) the tool's
+	// probe in this pass; nil when none applied (no probe, disabled, or
+	// the breaker kept the tool from being probed).
+	SelfCheck *CheckResult `json:"self_check,omitempty"`
+	// Untrusted: the probe failed its self-check (or it was
+	// inconclusive), so no key of the tool changed state.
+	Untrusted bool `json:"untrusted,omitempty"`
 }
 
 // Report is the outcome of one pass.
@@ -414,7 +448,6 @@ type probed struct {
 	l        ledger.Leased
 	res      probes.Result
 	leasedAt time.Time // local monotonic time the lease started (at the latest)
-	tripped  bool      // this verdict opened the tool's circuit breaker
 }
 
 // writerCount sizes the pool of decision writers: a decision is a few
@@ -430,13 +463,24 @@ type toolRun struct {
 	policy Policy
 	sem    chan struct{}
 
-	mu          sync.Mutex
-	consecutive int  // consecutive unknown verdicts
+	// trialDone is closed once the half-open breaker's trial probe has
+	// answered: no other key of the tool is leased before.
+	trialDone chan struct{}
+	trialOnce sync.Once
+
+	mu sync.Mutex
+	// consecutive counts unknown verdicts since the last conclusive one,
+	// starting from the breaker's stored count: it stops this pass's
+	// probing as soon as a verdict would open the breaker, before the
+	// decision that opens it (in the database) is written.
+	consecutive int
 	halfOpen    bool // the breaker opened before and has not closed
 	open        bool
 	probed      int
 	note        string
 	openUntil   *time.Time
+	check       *CheckResult
+	untrusted   bool
 }
 
 func (p *pass) runTool(ctx context.Context, tool string) error {
@@ -444,25 +488,19 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 	t := &toolRun{p: p, tool: tool, policy: policy, sem: make(chan struct{}, policy.Concurrency)}
 	defer func() {
 		t.mu.Lock()
-		tr := ToolReport{Tool: tool, Probed: t.probed, BreakerOpen: t.open, OpenUntil: t.openUntil, Note: t.note}
+		tr := ToolReport{Tool: tool, Probed: t.probed, BreakerOpen: t.open, OpenUntil: t.openUntil, Note: t.note,
+			SelfCheck: t.check, Untrusted: t.untrusted}
 		t.mu.Unlock()
 		p.mu.Lock()
 		p.report.Tools = append(p.report.Tools, tr)
 		p.mu.Unlock()
 	}()
 	if policy.Probe != nil {
-		br, err := loadBreaker(ctx, p.e.pool, tool)
-		if err != nil {
+		on, err := t.admit(ctx)
+		if err != nil || !on {
 			return err
 		}
-		if br.OpenUntil != nil && br.OpenUntil.After(br.Now) {
-			t.open, t.openUntil = true, br.OpenUntil
-			t.note = fmt.Sprintf("circuit breaker open until %s: probing paused", br.OpenUntil.UTC().Format(time.RFC3339))
-			return nil
-		}
-		t.halfOpen = br.Opens > 0
 	}
-
 	lp := ledger.LeaseParams{
 		Tool:             tool,
 		Window:           policy.ProcessingWindow + p.e.cfg.Grace,
@@ -491,11 +529,16 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 	}
 	var leaseErr error
 	var after ledger.Leased // a dry run pages without leasing
+	waitTrial := t.halfOpen
 	for ctx.Err() == nil && !t.isOpen() {
 		if lp.IgnoreBackoff && len(lp.Keys) == 0 {
 			break // every named key was taken once this pass
 		}
-		want := p.budget.take(p.e.cfg.BatchSize)
+		batchSize := p.e.cfg.BatchSize
+		if waitTrial {
+			batchSize = 1 // half-open: one probe decides
+		}
+		want := p.budget.take(batchSize)
 		if want == 0 {
 			break
 		}
@@ -540,6 +583,13 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		for _, l := range batch {
 			queue <- leasedKey{l, leasedAt}
 		}
+		if waitTrial {
+			select {
+			case <-t.trialDone:
+			case <-ctx.Done():
+			}
+			waitTrial = false
+		}
 	}
 	close(queue)
 	wg.Wait()
@@ -563,6 +613,9 @@ const leaseMargin = 2 * time.Second
 // handle probes one leased key and hands the answer to a writer.
 func (t *toolRun) handle(ctx context.Context, l ledger.Leased, leasedAt time.Time) {
 	p := t.p
+	if t.trialDone != nil {
+		defer t.trialOnce.Do(func() { close(t.trialDone) })
+	}
 	release := func() {
 		if p.opts.DryRun {
 			return
@@ -609,16 +662,18 @@ func (t *toolRun) handle(ctx context.Context, l ledger.Leased, leasedAt time.Tim
 	var res probes.Result
 	started := time.Now()
 	if t.policy.Probe == nil {
+		// Not a probe failure: no probe ran, so no probe metric moves
+		// and the breaker does not count it.
 		res = probes.Result{Verdict: probes.Unknown, Err: errNoProbe}
 	} else {
 		res = callProbe(ctx, t.policy.Probe, probes.Key{
 			Key: l.Key.Key, Tool: l.Tool, RequestBody: l.RequestBody, CreatedAt: l.CreatedAt, ClaimedAt: l.ClaimedAt,
 		})
+		if p.e.metrics != nil {
+			p.e.metrics.observeProbe(t.tool, string(res.Verdict), time.Since(started))
+		}
 	}
 	free()
-	if p.e.metrics != nil {
-		p.e.metrics.observeProbe(t.tool, string(res.Verdict), time.Since(started))
-	}
 	if ctx.Err() != nil {
 		// Cancelled mid-probe: whatever the probe said may be an artefact
 		// of the cancellation. Give the key back; a crash is not an attempt.
@@ -628,13 +683,13 @@ func (t *toolRun) handle(ctx context.Context, l ledger.Leased, leasedAt time.Tim
 	t.mu.Lock()
 	t.probed++
 	t.mu.Unlock()
-	// The breaker counts verdicts as they come, before the write, so that
-	// no probe starts after the one that trips it.
-	var tripped bool
+	// Counted as verdicts come, before the write, so that no probe starts
+	// after the one that will open the breaker; the database's count, in
+	// the decision's transaction, is what opens it.
 	if t.policy.Probe != nil {
-		tripped = t.recordVerdict(res.Verdict != probes.Unknown)
+		t.recordVerdict(res.Verdict != probes.Unknown)
 	}
-	p.decisions <- probed{t: t, l: l, res: res, leasedAt: leasedAt, tripped: tripped}
+	p.decisions <- probed{t: t, l: l, res: res, leasedAt: leasedAt}
 }
 
 // callProbe runs a probe and enforces the verdict contract, whatever the
@@ -675,7 +730,7 @@ func sanitize(r probes.Result) probes.Result {
 // instead (nil plan).
 func (t *toolRun) decide(_ context.Context, pr probed) *plan {
 	p, cfg := t.p, t.p.e.cfg
-	l, res, leasedAt, tripped := pr.l, pr.res, pr.leasedAt, pr.tripped
+	l, res, leasedAt := pr.l, pr.res, pr.leasedAt
 	// The database's clock at lease time plus the time since (a monotonic
 	// local duration): no replica's wall clock enters a decision.
 	now := l.Now.Add(time.Since(leasedAt))
@@ -685,8 +740,9 @@ func (t *toolRun) decide(_ context.Context, pr probed) *plan {
 		Verdict: string(res.Verdict), Evidence: res.Evidence, CountAttempt: true,
 		CheckHeartbeat: true, LeasedHeartbeatAt: l.HeartbeatAt,
 	}
+	d.Evidence = cfg.Redactor.JSON(d.Evidence)
 	if res.Err != nil {
-		d.Error = truncate(res.Err.Error(), 2000)
+		d.Error = safetext.Clip(cfg.Redactor.String(res.Err.Error()), maxErrorBytes)
 	}
 	attemptsAfter := l.Attempts + 1
 	var raise []alerts.Alert
@@ -746,9 +802,9 @@ func (t *toolRun) decide(_ context.Context, pr probed) *plan {
 		d.NextProbeIn = t.backoff(attemptsAfter)
 	}
 
-	// The key that trips the breaker raises no per-key alert: the tool-wide
-	// one covers it.
-	if res.Verdict == probes.Unknown && t.policy.Probe != nil && !t.isOpen() &&
+	// Raised unless the breaker is open when the decision is written (see
+	// afterDecide): the tool-wide alert covers it.
+	if res.Verdict == probes.Unknown && t.policy.Probe != nil &&
 		(attemptsAfter >= cfg.AlertAfterAttempts || age >= cfg.AlertAfterAge) {
 		raise = append(raise, alerts.Alert{Reason: alerts.ReasonProbeFailing, Tool: l.Tool, Key: l.Key.Key, Details: details})
 	}
@@ -764,15 +820,12 @@ func (t *toolRun) decide(_ context.Context, pr probed) *plan {
 		for _, a := range raise {
 			names = append(names, string(a.Reason))
 		}
-		if tripped {
-			names = append(names, string(alerts.ReasonDownstreamUnreachable))
-		}
 		p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: d.Action, Attempts: l.Attempts,
 			Error: d.Error, Evidence: d.Evidence, Alerts: names, AgeSecond: age.Seconds()})
 		return nil
 	}
 
-	return &plan{t: t, l: l, d: d, raise: raise, resolveHow: resolveHow, conclusive: conclusive, tripped: tripped, age: age,
+	return &plan{t: t, l: l, d: d, raise: raise, resolveHow: resolveHow, conclusive: conclusive, age: age,
 		resolve: l.Attempts > 0 || !l.ExpiresAt.After(now)}
 }
 
@@ -784,7 +837,6 @@ type plan struct {
 	raise      []alerts.Alert
 	resolveHow string
 	conclusive bool
-	tripped    bool
 	age        time.Duration
 	// resolve: the key may have open alerts (it was decided before, or it
 	// expired and purge alerted it). Otherwise resolving is skipped; the
@@ -793,22 +845,23 @@ type plan struct {
 
 	out    ledger.DecideResult
 	raised []string
-	br     breakerOpened
+	br     breakerChange // the tool's breaker after this plan's transaction
+	// dropped: the evidence was replaced by a note because the database
+	// refused it (see commitPlans).
+	dropped bool
 }
 
 // afterDecide writes, inside the decision's transaction, the alerts it
-// raises or resolves and, when it tripped the breaker, the breaker and its
-// alert (invariant 8: all commit together).
+// raises or resolves (invariant 8: all commit together). Per-key
+// probe_failing alerts are held back while the tool's breaker is open: the
+// tool-wide downstream_unreachable alert covers them.
 func (pl *plan) afterDecide(ctx context.Context, tx pgx.Tx) error {
-	t, l, cfg := pl.t, pl.l, pl.t.p.e.cfg
+	l, cfg := pl.l, pl.t.p.e.cfg
 	pl.raised = pl.raised[:0]
-	var err error
-	if pl.tripped {
-		if pl.br, err = t.openBreakerTx(ctx, tx, pl.d.Error); err != nil {
-			return err
-		}
+	if pl.br.opened {
 		pl.raised = append(pl.raised, string(alerts.ReasonDownstreamUnreachable))
 	}
+	var err error
 	switch {
 	case pl.out.Action == ledger.ActionResolvedByOriginal:
 		// Only a key that is settled (not re-claimed) ends its alerts.
@@ -825,6 +878,9 @@ func (pl *plan) afterDecide(ctx context.Context, tx pgx.Tx) error {
 		}
 	}
 	for _, a := range pl.raise {
+		if a.Reason == alerts.ReasonProbeFailing && pl.br.open {
+			continue
+		}
 		ok, err := alerts.Raise(ctx, tx, a, cfg.RenotifyAfter)
 		if err != nil {
 			return err
@@ -836,28 +892,23 @@ func (pl *plan) afterDecide(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// finish reports a written plan (or its failure) and updates the tool's
-// breaker state.
-func (pl *plan) finish(ctx context.Context, err error) {
+// finish reports a written plan (or its failure).
+func (pl *plan) finish(err error) {
 	t, l, d, p := pl.t, pl.l, pl.d, pl.t.p
 	if err != nil {
 		// Nothing was written: the lease lapses and the key is due again.
 		p.e.logger.Error("record reconcile decision", "key", l.Key.Key, "tool", l.Tool, "verdict", d.Verdict, "err", err)
 		p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: "write_failed", Attempts: l.Attempts,
-			Error: "decision not recorded: " + err.Error(), AgeSecond: pl.age.Seconds()})
+			Error: "decision not recorded: " + safetext.Clip(p.e.cfg.Redactor.String(err.Error()), maxErrorBytes), AgeSecond: pl.age.Seconds()})
 		return
 	}
-	if pl.tripped {
-		t.breakerOpened(pl.br)
-	}
-	if t.halfOpen && pl.conclusive && t.policy.Probe != nil {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-		t.closeBreaker(wctx)
-		cancel()
-	}
+	t.breakerChanged(pl.br)
 	out := pl.out
 	p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: out.Action, Attempts: out.Attempts,
 		Error: d.Error, Evidence: d.Evidence, Alerts: slices.Clone(pl.raised), AgeSecond: pl.age.Seconds()})
+	if pl.dropped {
+		p.e.logger.Warn("decision recorded without its evidence: the database refused it", "key", l.Key.Key, "tool", l.Tool)
+	}
 	if out.Action != d.Action {
 		p.e.logger.Info("decision not applied", "key", l.Key.Key, "tool", l.Tool, "verdict", d.Verdict, "action", out.Action)
 	} else if d.Transition != "" {
@@ -865,8 +916,38 @@ func (pl *plan) finish(ctx context.Context, err error) {
 	}
 }
 
+// breakerChanged notes, after a commit, what the transaction did to the
+// tool's breaker.
+func (t *toolRun) breakerChanged(ch breakerChange) {
+	e := t.p.e
+	switch {
+	case ch.opened:
+		t.mu.Lock()
+		t.open = true
+		t.openUntil = &ch.until
+		t.note = fmt.Sprintf("circuit breaker opened after %d consecutive failed probes; paused until %s", ch.count, ch.until.UTC().Format(time.RFC3339))
+		t.mu.Unlock()
+		e.logger.Warn("circuit breaker opened", "tool", t.tool, "open_until", ch.until, "opens", ch.opens, "consecutive_failures", ch.count)
+		if e.metrics != nil {
+			e.metrics.breakerOpened(t.tool)
+		}
+	case ch.open:
+		t.mu.Lock()
+		t.open = true
+		t.mu.Unlock()
+	case ch.closed:
+		t.mu.Lock()
+		t.halfOpen = false
+		t.mu.Unlock()
+		e.logger.Info("circuit breaker closed", "tool", t.tool)
+	}
+}
+
 // maxGroup bounds the decisions one writer commits together.
 const maxGroup = 16
+
+// maxErrorBytes bounds a probe error stored in the audit trail.
+const maxErrorBytes = 2000
 
 // writeDecisions is one writer: it takes the decisions waiting in the
 // channel (up to maxGroup) and commits them in one transaction, saving a
@@ -899,13 +980,42 @@ func (p *pass) writeDecisions(ctx context.Context) {
 	}
 }
 
+// commit writes plans in one transaction. A group that fails is retried one
+// plan at a time; a single plan that fails because the database refused
+// its evidence (encoding, size, a NUL) is retried once with the evidence
+// replaced by a note of what was dropped, so that no downstream answer can
+// leave a key undecided, uncounted and unalerted.
 func (p *pass) commit(ctx context.Context, plans []*plan) {
 	if len(plans) == 0 {
 		return
 	}
+	err := p.commitPlans(ctx, plans)
+	if err != nil && len(plans) > 1 {
+		for _, pl := range plans {
+			p.commit(ctx, []*plan{pl})
+		}
+		return
+	}
+	if err != nil && evidenceRefused(err) && !plans[0].dropped {
+		pl := plans[0]
+		pl.dropped = true
+		pl.d.Evidence = droppedEvidence(err)
+		note := "[probe error dropped: the database refused it (" + refusedCode(err) + ")]"
+		pl.d.Error = note
+		for i := range pl.raise {
+			pl.raise[i].Details.LastError = note
+		}
+		err = p.commitPlans(ctx, plans)
+	}
+	for _, pl := range plans {
+		pl.finish(err)
+	}
+}
+
+func (p *pass) commitPlans(ctx context.Context, plans []*plan) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
-	err := pgx.BeginFunc(wctx, p.e.pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(wctx, p.e.pool, func(tx pgx.Tx) error {
 		ds := make([]ledger.Decision, len(plans))
 		for i, pl := range plans {
 			ds[i] = pl.d
@@ -914,23 +1024,65 @@ func (p *pass) commit(ctx context.Context, plans []*plan) {
 		if err != nil {
 			return err
 		}
+		// The breakers, in tool order (two writers never wait on each
+		// other's breaker rows in opposite orders), before the alerts,
+		// which depend on whether the breaker is open.
+		counts := map[string]*verdictCount{}
 		for i, pl := range plans {
 			pl.out = outs[i]
+			if pl.t.policy.Probe == nil {
+				continue
+			}
+			vc := counts[pl.l.Tool]
+			if vc == nil {
+				vc = &verdictCount{tool: pl.l.Tool}
+				counts[pl.l.Tool] = vc
+			}
+			if pl.conclusive {
+				vc.conclusive = true
+			} else {
+				vc.unknowns++
+				vc.lastErr = pl.d.Error
+			}
+		}
+		changes := map[string]breakerChange{}
+		for _, tool := range slices.Sorted(maps.Keys(counts)) {
+			ch, err := p.e.countVerdicts(wctx, tx, *counts[tool])
+			if err != nil {
+				return err
+			}
+			changes[tool] = ch
+		}
+		for _, pl := range plans {
+			pl.br = changes[pl.l.Tool]
 			if err := pl.afterDecide(wctx, tx); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	if err != nil && len(plans) > 1 {
-		for _, pl := range plans {
-			p.commit(ctx, []*plan{pl})
-		}
-		return
+}
+
+// evidenceRefused reports whether the database refused a write because of
+// the text it carried: invalid encoding (class 22: 22021, 22P05, ...) or a
+// value too large (54000).
+func evidenceRefused(err error) bool {
+	pe, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && (strings.HasPrefix(pe.Code, "22") || pe.Code == "54000")
+}
+
+func refusedCode(err error) string {
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return "SQLSTATE " + pe.Code
 	}
-	for _, pl := range plans {
-		pl.finish(ctx, err)
-	}
+	return "unknown error"
+}
+
+// droppedEvidence is the note stored instead of evidence the database
+// refused.
+func droppedEvidence(err error) json.RawMessage {
+	b, _ := json.Marshal(map[string]any{"evidence_dropped": true, "reason": "the database refused it (" + refusedCode(err) + ")"})
+	return b
 }
 
 func (p *pass) add(r KeyResult) {
@@ -954,35 +1106,25 @@ func (t *toolRun) backoff(attempts int) time.Duration {
 	return time.Duration(float64(d) * jitter)
 }
 
-// recordVerdict updates the breaker's count; it reports whether this
-// verdict trips the breaker.
-func (t *toolRun) recordVerdict(conclusive bool) bool {
+// recordVerdict updates this pass's count of the tool's consecutive
+// unknown verdicts and stops probing the tool when the next decision
+// written will open its breaker (one unknown when half-open).
+func (t *toolRun) recordVerdict(conclusive bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if conclusive {
 		t.consecutive = 0
-		return false
-	}
-	if t.open {
-		return false
+		t.halfOpen = false
+		return
 	}
 	t.consecutive++
 	threshold := t.p.e.cfg.BreakerFailures
 	if t.halfOpen {
 		threshold = 1
 	}
-	if t.consecutive < threshold {
-		return false
+	if t.consecutive >= threshold {
+		t.open = true
 	}
-	t.open = true
-	return true
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
 
 func nonce() string {

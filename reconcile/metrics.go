@@ -15,6 +15,7 @@ type Metrics struct {
 	passDuration  prometheus.Histogram
 	breakerOpens  *prometheus.CounterVec
 	lastPass      prometheus.Gauge
+	check         *checkMetrics
 }
 
 // NewMetrics registers the engine's series with reg.
@@ -52,6 +53,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.probes, m.probeDuration, m.decisions, m.passes, m.passDuration, m.breakerOpens, m.lastPass)
+	m.check = newCheckMetrics(reg)
 	return m
 }
 
@@ -60,6 +62,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // a tool without a probe moves decisions_total{action="no_probe"} and no
 // probe series.
 func (m *Metrics) initTool(tool string) {
+	m.check.initTool(tool)
 	m.breakerOpens.WithLabelValues(tool)
 	for _, v := range []string{"found", "not_found", "duplicate", "unknown"} {
 		m.probes.WithLabelValues(tool, v)

@@ -66,6 +66,7 @@ type Config struct {
 	Reconcile Reconcile       `yaml:"reconcile" json:"reconcile"`
 	Defaults  ToolDefaults    `yaml:"defaults" json:"defaults"`
 	Tools     map[string]Tool `yaml:"tools" json:"tools"`
+	SelfCheck SelfCheck       `yaml:"self_check" json:"self_check"`
 	Retention Retention       `yaml:"retention" json:"retention"`
 	Alerts    Alerts          `yaml:"alerts" json:"alerts"`
 	HTTP      HTTP            `yaml:"http" json:"http"`
@@ -132,6 +133,27 @@ type Breaker struct {
 	MaxCooldown Duration `yaml:"max_cooldown" json:"max_cooldown"`
 }
 
+// SelfCheck tunes the probes' self-check against the ledger's ground truth:
+// before a tool's verdicts change any key, its probe must find keys its tool
+// server completed and must not find a key never issued.
+type SelfCheck struct {
+	// Interval is how long a passing check vouches for a probe (shared by
+	// replicas). Default 10m. A failing check is repeated every pass.
+	Interval Duration `yaml:"interval" json:"interval"`
+	// Samples is how many completed keys are probed per check. Default 3.
+	Samples int `yaml:"samples" json:"samples"`
+	// MaxAge bounds the age of those keys. Default 6h.
+	MaxAge Duration `yaml:"max_age" json:"max_age"`
+}
+
+// ProbeSelfCheck is one probe's self-check switch.
+type ProbeSelfCheck struct {
+	// Enabled: false acts on the probe's verdicts unchecked. Dangerous: a
+	// probe broken on day one marks keys retryable whose effect happened.
+	// Default true.
+	Enabled *bool `yaml:"enabled" json:"enabled,omitempty"`
+}
+
 // ToolDefaults apply to every tool that does not override them, and to keys
 // of tools absent from `tools`.
 type ToolDefaults struct {
@@ -175,7 +197,13 @@ type Probe struct {
 	Timeout      Duration          `yaml:"timeout" json:"timeout"`
 	ResponseCode int               `yaml:"response_code" json:"response_code,omitempty"`
 	ResponseBody map[string]string `yaml:"response_body" json:"response_body,omitempty"`
+	// SelfCheck can turn the self-check off for this probe.
+	SelfCheck ProbeSelfCheck `yaml:"self_check" json:"self_check"`
 }
+
+// SelfCheckEnabled reports whether the probe's verdicts are vetted by the
+// self-check (the default).
+func (p *Probe) SelfCheckEnabled() bool { return p.SelfCheck.Enabled == nil || *p.SelfCheck.Enabled }
 
 // Retention governs purge.
 type Retention struct {
@@ -261,6 +289,10 @@ func (c *Config) ApplyDefaults() {
 	r.Breaker.Failures = cmp.Or(r.Breaker.Failures, DefaultBreakerFailures)
 	r.Breaker.Cooldown = orDur(r.Breaker.Cooldown, DefaultBreakerCooldown)
 	r.Breaker.MaxCooldown = orDur(r.Breaker.MaxCooldown, DefaultBreakerMaxCooldown)
+
+	c.SelfCheck.Interval = orDur(c.SelfCheck.Interval, reconcile.DefaultSelfCheckInterval)
+	c.SelfCheck.Samples = cmp.Or(c.SelfCheck.Samples, reconcile.DefaultSelfCheckSamples)
+	c.SelfCheck.MaxAge = orDur(c.SelfCheck.MaxAge, reconcile.DefaultSelfCheckMaxAge)
 
 	c.Defaults.ProcessingWindow = orDur(c.Defaults.ProcessingWindow, DefaultProcessingWindow)
 	c.Defaults.HeartbeatTimeout = orDur(c.Defaults.HeartbeatTimeout, c.Defaults.ProcessingWindow)
@@ -430,6 +462,10 @@ func (c *Config) Validate() error {
 	positive("reconcile.concurrency", c.Reconcile.Concurrency)
 	positive("reconcile.alert_after_attempts", c.Reconcile.AlertAfterAttempts)
 	positive("reconcile.breaker.failures", c.Reconcile.Breaker.Failures)
+	positive("self_check.samples", c.SelfCheck.Samples)
+	if c.SelfCheck.Samples > 20 {
+		add(c.errAt("self_check.samples", "at most 20, got %d: a few keys tell a broken probe from a good one", c.SelfCheck.Samples))
+	}
 	positive("retention.batch_size", c.Retention.BatchSize)
 	positive("alerts.max_keys_per_message", c.Alerts.MaxKeysPerMessage)
 	positive("database.max_conns", c.Database.MaxConns)

@@ -2,6 +2,9 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -110,6 +113,8 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 			timeout = pol.Probe.Timeout.D()
 		}
 		tools[name] = reconcile.Policy{
+			ProbeFingerprint:      probeFingerprint(pol.Probe),
+			SelfCheckDisabled:     pol.Probe != nil && !pol.Probe.SelfCheckEnabled(),
 			ProbeTimeout:          timeout,
 			ProcessingWindow:      pol.ProcessingWindow,
 			HeartbeatTimeout:      pol.HeartbeatTimeout,
@@ -122,6 +127,10 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 	return reconcile.Config{
 		Actor: actor,
 		Tools: tools,
+		// One redactor for probe errors and evidence, before they reach
+		// the audit trail, logs and alerts: every secret the
+		// configuration registered.
+		Redactor: cfg.Redactor(),
 		Default: reconcile.Policy{
 			ProcessingWindow: cfg.Defaults.ProcessingWindow.D(),
 			HeartbeatTimeout: cfg.Defaults.HeartbeatTimeout.D(),
@@ -139,7 +148,27 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 		BreakerCooldown:      r.Breaker.Cooldown.D(),
 		BreakerMaxCooldown:   r.Breaker.MaxCooldown.D(),
 		RenotifyAfter:        cfg.Alerts.RenotifyAfter.D(),
+		SelfCheckInterval:    cfg.SelfCheck.Interval.D(),
+		SelfCheckSamples:     cfg.SelfCheck.Samples,
+		SelfCheckMaxAge:      cfg.SelfCheck.MaxAge.D(),
 	}
+}
+
+// probeFingerprint identifies a probe's configuration, so that a stored
+// self-check vouches only for the configuration it checked. Secret-typed
+// values (headers, database URLs) enter it masked: rotating a credential
+// does not by itself re-check (a wrong one shows as unknown verdicts and
+// opens the breaker).
+func probeFingerprint(p *config.Probe) string {
+	if p == nil {
+		return ""
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
 }
 
 // BuildEngine builds the reconcile engine and its probes from cfg.

@@ -1,0 +1,67 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// admit decides whether this pass probes the tool at all: not while its
+// breaker is open, nor while another replica sends the half-open trial, nor
+// while its probe is not trusted (its self-check failed or could not
+// conclude). Keys left alone keep their attempt counts and back-off.
+func (t *toolRun) admit(ctx context.Context) (bool, error) {
+	p := t.p
+	br, err := loadBreaker(ctx, p.e.pool, t.tool)
+	if err != nil {
+		return false, err
+	}
+	if br.open() {
+		t.mu.Lock()
+		t.open, t.openUntil = true, br.OpenUntil
+		t.note = fmt.Sprintf("circuit breaker open until %s: probing paused", br.OpenUntil.UTC().Format(time.RFC3339))
+		t.mu.Unlock()
+		return false, nil
+	}
+	t.consecutive = br.Consecutive
+	if br.halfOpen() {
+		if !p.opts.DryRun {
+			ok, err := claimTrial(ctx, p.e.pool, t.tool, p.e.cfg.Lease)
+			if err != nil {
+				return false, err
+			}
+			if !ok {
+				t.note = "circuit breaker half-open: another reconciler is sending the trial probe"
+				return false, nil
+			}
+		}
+		t.halfOpen = true
+		t.trialDone = make(chan struct{})
+	}
+	if !t.policy.SelfCheckDisabled {
+		r, err := t.ensureTrusted(ctx)
+		if err != nil {
+			return false, fmt.Errorf("self-check of tool %q: %w", t.tool, err)
+		}
+		t.mu.Lock()
+		t.check = &r
+		if !r.Trusted() {
+			t.untrusted = true
+			t.note = "probe not trusted, no key changed: self-check " + r.Summary
+		}
+		t.mu.Unlock()
+		if !r.Trusted() {
+			return false, nil
+		}
+	}
+	// The self-check's answers may have re-opened (or closed) the breaker.
+	return !t.isOpen(), nil
+}
+
+func slogLevelFor(outcome string) slog.Level {
+	if outcome == CheckTrusted {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
+}

@@ -1,0 +1,62 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+)
+
+// explainUntouched reports, for each --key the pass did not decide, why:
+// an operator asking for a key deserves more than "no due keys".
+func (p *pass) explainUntouched(ctx context.Context) {
+	done := map[string]bool{}
+	for _, k := range p.report.Keys {
+		done[k.Key] = true
+	}
+	for _, k := range p.report.Skipped {
+		done[k.Key] = true
+	}
+	for _, key := range p.opts.Keys {
+		if done[key] {
+			continue
+		}
+		k, err := ledger.Get(ctx, p.e.pool, key)
+		if err != nil {
+			continue
+		}
+		win, hb := p.e.Windows(k.Tool)
+		why := "not due"
+		var inWindow, beating, leased, held bool
+		err = p.e.pool.QueryRow(ctx, `SELECT k.claimed_at > now() - $2::interval,
+				coalesce(k.heartbeat_at > now() - $3::interval, false),
+				coalesce((SELECT s.lease_expires_at > now() FROM reconcile_state s WHERE s.key = k.key AND s.claimed_at = k.claimed_at), false),
+				EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
+			FROM idempotency_keys k WHERE k.key = $1`, key, win, hb).Scan(&inWindow, &beating, &leased, &held)
+		switch {
+		case err != nil:
+		case k.Status != ledger.StatusProcessing:
+			why = "status is " + k.Status + ": nothing to reconcile"
+		case held:
+			why = "on hold: release it first"
+		case inWindow:
+			why = fmt.Sprintf("in flight: claimed less than its window + grace (%s) ago", win)
+		case beating:
+			why = "in flight: heartbeating"
+		case leased:
+			why = "leased by another reconciler right now"
+		case p.breakerOpen(k.Tool):
+			why = "its tool's circuit breaker is open"
+		}
+		p.report.Skipped = append(p.report.Skipped, KeyResult{Key: key, Tool: k.Tool, Action: why})
+	}
+}
+
+func (p *pass) breakerOpen(tool string) bool {
+	for _, t := range p.report.Tools {
+		if t.Tool == tool {
+			return t.BreakerOpen
+		}
+	}
+	return false
+}

@@ -1,0 +1,518 @@
+package reconcile
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/probes"
+)
+
+// Self-check outcomes, as stored in probe_self_checks.outcome.
+const (
+	// CheckTrusted: the absent side came back not_found and the present
+	// side did not fail on most samples. The tool's verdicts are acted on.
+	CheckTrusted = "trusted"
+	// CheckUntrusted: the probe is broken (typo'd path, renamed field,
+	// ignored filter, wrong credentials). No key of the tool changes state
+	// and on-call gets one probe_untrusted alert.
+	CheckUntrusted = "untrusted"
+	// CheckInconclusive: the downstream did not answer (transport error,
+	// timeout, 429, 5xx), so it could vouch for nothing. No key of the tool
+	// changes state; the circuit breaker counts the failures.
+	CheckInconclusive = "inconclusive"
+)
+
+// SelfCheckKeyPrefix starts the made-up key of a self-check's absent side:
+// a key no tool server ever issued, so its effect cannot exist.
+const SelfCheckKeyPrefix = "ledgerkeeper-self-check:"
+
+// SampleCheck is one probe made by a self-check.
+type SampleCheck struct {
+	Key string `json:"key"`
+	// Expect is found (a key its tool server completed) or not_found (the
+	// made-up key).
+	Expect  string `json:"expect"`
+	Verdict string `json:"verdict"`
+	Passed  bool   `json:"passed"`
+	// Unreachable: the downstream did not answer (see probes.Unreachable).
+	Unreachable bool `json:"unreachable,omitempty"`
+	// Mismatched lists the response_body fields whose value the probe
+	// found differs from the stored outcome's.
+	Mismatched []string        `json:"mismatched_fields,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	Evidence   json.RawMessage `json:"evidence,omitempty"`
+}
+
+// CheckResult is one self-check of a tool's probe against the ledger's
+// ground truth.
+type CheckResult struct {
+	Tool    string `json:"tool"`
+	Outcome string `json:"outcome"`
+	// Summary says in one line what was checked and what came back.
+	Summary string `json:"summary"`
+	// PresentUnverified: the tool had no key completed by its tool server
+	// within self_check.max_age, so only the absent side was checked.
+	PresentUnverified bool          `json:"present_unverified,omitempty"`
+	Samples           []SampleCheck `json:"samples"`
+	Absent            SampleCheck   `json:"absent"`
+	// Disagreements counts samples that failed while the probe was still
+	// trusted: one record deleted or changed downstream.
+	Disagreements int       `json:"disagreements"`
+	Fingerprint   string    `json:"fingerprint,omitempty"`
+	CheckedAt     time.Time `json:"checked_at"`
+	Actor         string    `json:"actor,omitempty"`
+	// Cached: the result is a stored check still fresh, not a new one.
+	Cached bool `json:"cached,omitempty"`
+}
+
+// Trusted reports whether the tool's verdicts may change the ledger.
+func (r CheckResult) Trusted() bool { return r.Outcome == CheckTrusted }
+
+// SelfCheck runs the self-check of tool's probe now and returns its result.
+// It writes nothing (for `ledgerkeeper probe check` and dry runs).
+func (e *Engine) SelfCheck(ctx context.Context, tool string) (CheckResult, error) {
+	pol := e.Policy(tool)
+	if pol.Probe == nil {
+		return CheckResult{}, fmt.Errorf("tool %q has no probe to check", tool)
+	}
+	return e.runCheck(ctx, tool, pol)
+}
+
+// runCheck probes up to SelfCheckSamples keys of tool that its tool server
+// completed within SelfCheckMaxAge (each should come back found, with the
+// stored values) and one made-up key (it must come back not_found), and
+// judges the probe.
+func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy) (CheckResult, error) {
+	res := CheckResult{Tool: tool, Fingerprint: pol.ProbeFingerprint, Actor: e.cfg.Actor, CheckedAt: time.Now()}
+	samples, err := ledger.SelfCheckSamples(ctx, e.pool, tool, e.cfg.SelfCheckMaxAge, e.cfg.SelfCheckSamples)
+	if err != nil {
+		return res, err
+	}
+	var absentBody json.RawMessage
+	if len(samples) > 0 {
+		absentBody = madeUpRequest(samples[0].RequestBody)
+	}
+	absent := probes.Key{Key: SelfCheckKeyPrefix + randomHex(12), Tool: tool, RequestBody: absentBody,
+		CreatedAt: time.Now(), ClaimedAt: time.Now()}
+
+	res.Samples = make([]SampleCheck, len(samples))
+	var wg sync.WaitGroup
+	for i, s := range samples {
+		wg.Go(func() {
+			r := callProbe(ctx, pol.Probe, probes.Key{Key: s.Key, Tool: s.Tool, RequestBody: s.RequestBody, CreatedAt: s.CreatedAt, ClaimedAt: s.ClaimedAt})
+			res.Samples[i] = e.judgePresent(s, r)
+		})
+	}
+	wg.Go(func() {
+		r := callProbe(ctx, pol.Probe, absent)
+		res.Absent = e.judgeAbsent(absent.Key, r)
+	})
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return res, fmt.Errorf("self-check of tool %q interrupted: %w", tool, err)
+	}
+	judge(&res)
+	return res, nil
+}
+
+func (e *Engine) sampleCheck(key, expect string, r probes.Result) SampleCheck {
+	sc := SampleCheck{Key: key, Expect: expect, Verdict: string(r.Verdict), Evidence: e.cfg.Redactor.JSON(r.Evidence)}
+	if r.Err != nil {
+		sc.Error = safetext.Clip(e.cfg.Redactor.String(r.Err.Error()), 500)
+	}
+	sc.Unreachable = probes.Unreachable(r)
+	return sc
+}
+
+func (e *Engine) judgePresent(k ledger.Key, r probes.Result) SampleCheck {
+	sc := e.sampleCheck(k.Key, string(probes.Found), r)
+	if r.Verdict != probes.Found {
+		return sc
+	}
+	sc.Mismatched = mismatchedFields(k.ResponseBody, r.Outcome.Body)
+	sc.Passed = len(sc.Mismatched) == 0
+	return sc
+}
+
+func (e *Engine) judgeAbsent(key string, r probes.Result) SampleCheck {
+	sc := e.sampleCheck(key, string(probes.NotFound), r)
+	sc.Passed = r.Verdict == probes.NotFound
+	return sc
+}
+
+// judge sets the outcome: untrusted when the absent side failed, or when
+// the present side failed on most samples (on all of them when fewer than
+// three were drawn); inconclusive when the downstream did not answer the
+// absent side, or answered no sample; trusted otherwise, with the failed
+// samples counted as disagreements.
+func judge(r *CheckResult) {
+	n := len(r.Samples)
+	var failed, passed, unreachable int
+	for _, s := range r.Samples {
+		switch {
+		case s.Passed:
+			passed++
+		case s.Unreachable:
+			unreachable++
+		default:
+			failed++
+		}
+	}
+	r.PresentUnverified = n == 0
+	mostFailed := n > 0 && ((n >= 3 && 2*failed > n) || (n < 3 && failed == n))
+	absentFailed := !r.Absent.Passed && !r.Absent.Unreachable
+	switch {
+	case absentFailed || mostFailed:
+		r.Outcome = CheckUntrusted
+	case r.Absent.Unreachable || (n > 0 && passed == 0):
+		r.Outcome = CheckInconclusive
+	default:
+		r.Outcome = CheckTrusted
+		r.Disagreements = failed
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: the made-up key came back %s", r.Outcome, r.Absent.Verdict)
+	if !r.Absent.Passed {
+		b.WriteString(" (want not_found)")
+	}
+	if n == 0 {
+		b.WriteString("; present side unverified (no key completed by its tool server within self_check.max_age)")
+	} else {
+		fmt.Fprintf(&b, "; %d of %d completed keys came back found with their stored values", passed, n)
+		if unreachable > 0 {
+			fmt.Fprintf(&b, " (%d unanswered)", unreachable)
+		}
+	}
+	r.Summary = b.String()
+}
+
+// evidenceText is the check's evidence for an alert: which sample, what
+// came back, one line each.
+func (r CheckResult) evidenceText() string {
+	var b strings.Builder
+	line := func(s SampleCheck) {
+		fmt.Fprintf(&b, "%s (want %s): %s", s.Key, s.Expect, s.Verdict)
+		if len(s.Mismatched) > 0 {
+			fmt.Fprintf(&b, ", fields differ from the stored outcome: %s", strings.Join(s.Mismatched, ", "))
+		}
+		if s.Error != "" {
+			b.WriteString(": " + s.Error)
+		}
+		b.WriteString("\n")
+	}
+	line(r.Absent)
+	for _, s := range r.Samples {
+		line(s)
+	}
+	return strings.TrimRight(b.String(), "\n")
+}
+
+// mismatchedFields compares a found outcome with the outcome the tool
+// server stored: every top-level member both objects have must be equal
+// (numbers by value). Members only one side has are not compared: the
+// probe may map a subset, the tool may store more.
+func mismatchedFields(stored, got json.RawMessage) []string {
+	var s, g map[string]any
+	if decodeObject(stored, &s) != nil || decodeObject(got, &g) != nil {
+		return nil
+	}
+	var out []string
+	for name, gv := range g {
+		sv, ok := s[name]
+		if ok && !reflect.DeepEqual(normalize(sv), normalize(gv)) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func decodeObject(raw json.RawMessage, into *map[string]any) error {
+	if len(raw) == 0 {
+		return errors.New("empty")
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	return dec.Decode(into)
+}
+
+// normalize makes numbers comparable by value (12 and 12.0 are equal;
+// 12345678901234567890 and ...891 are not).
+func normalize(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if r, ok := new(big.Rat).SetString(string(x)); ok {
+			return "n:" + r.RatString()
+		}
+		return "n:" + string(x)
+	case []any:
+		out := make([]any, len(x))
+		for i, el := range x {
+			out[i] = normalize(el)
+		}
+		return out
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, el := range x {
+			out[k] = normalize(el)
+		}
+		return out
+	}
+	return v
+}
+
+// madeUpRequest returns a request body of the same shape as a real one
+// whose every string and number is made up, so that a probe which addresses
+// effects by request fields ({request.order_id}, an sql arg) asks about a
+// request nobody made. Strings keep their form where a downstream may
+// validate it (a UUID stays a UUID, digits stay digits of the same length).
+func madeUpRequest(real json.RawMessage) json.RawMessage {
+	if len(real) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(real))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return nil
+	}
+	out, err := json.Marshal(scramble(v))
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+func scramble(v any) any {
+	switch x := v.(type) {
+	case string:
+		return madeUpString(x)
+	case json.Number:
+		return json.Number(madeUpDigits(max(len(strings.TrimLeft(string(x), "-")), 9)))
+	case []any:
+		for i := range x {
+			x[i] = scramble(x[i])
+		}
+	case map[string]any:
+		for k := range x {
+			x[k] = scramble(x[k])
+		}
+	}
+	return v
+}
+
+func madeUpString(s string) string {
+	switch {
+	case isUUID(s):
+		b := []byte(randomHex(16))
+		return fmt.Sprintf("%s-%s-4%s-a%s-%s", b[0:8], b[8:12], b[13:16], b[17:20], b[20:32])
+	case s != "" && strings.Trim(s, "0123456789") == "":
+		return madeUpDigits(len(s))
+	}
+	return "ledgerkeeper-self-check-" + randomHex(8)
+}
+
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range s {
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !strings.ContainsRune("0123456789abcdefABCDEF", c) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// madeUpDigits returns n random digits, the first not 0.
+func madeUpDigits(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = '0' + b[i]%10
+	}
+	if b[0] == '0' {
+		b[0] = '9'
+	}
+	return string(b)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// storedCheck reads the latest check of tool.
+func storedCheck(ctx context.Context, db ledger.DBTX, tool string) (CheckResult, time.Time, bool, error) {
+	var r CheckResult
+	var now time.Time
+	var evidence []byte
+	err := db.QueryRow(ctx, `SELECT outcome, fingerprint, summary, disagreements, evidence, actor, checked_at, now()
+		FROM probe_self_checks WHERE tool = $1`, tool).Scan(&r.Outcome, &r.Fingerprint, &r.Summary, &r.Disagreements, &evidence, &r.Actor, &r.CheckedAt, &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, now, false, nil
+	}
+	if err != nil {
+		return r, now, false, fmt.Errorf("read self-check of tool %q: %w", tool, err)
+	}
+	r.Tool, r.Cached = tool, true
+	var ev struct {
+		Samples []SampleCheck `json:"samples"`
+		Absent  SampleCheck   `json:"absent"`
+	}
+	if json.Unmarshal(evidence, &ev) == nil {
+		r.Samples, r.Absent = ev.Samples, ev.Absent
+	}
+	r.PresentUnverified = len(r.Samples) == 0
+	return r, now, true, nil
+}
+
+// StoredChecks lists every tool's latest self-check, for `status`.
+func StoredChecks(ctx context.Context, db ledger.DBTX) ([]CheckResult, error) {
+	rows, err := db.Query(ctx, `SELECT tool FROM probe_self_checks ORDER BY tool`)
+	if err != nil {
+		return nil, fmt.Errorf("list self-checks: %w", err)
+	}
+	tools, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list self-checks: %w", err)
+	}
+	out := make([]CheckResult, 0, len(tools))
+	for _, t := range tools {
+		r, _, ok, err := storedCheck(ctx, db, t)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// recordCheck stores a check, feeds its answers to the circuit breaker and
+// raises or resolves the probe_untrusted alert, in one transaction.
+func (e *Engine) recordCheck(ctx context.Context, r CheckResult) (breakerChange, error) {
+	var ch breakerChange
+	evidence, err := json.Marshal(struct {
+		Samples []SampleCheck `json:"samples"`
+		Absent  SampleCheck   `json:"absent"`
+	}{r.Samples, r.Absent})
+	if err != nil {
+		return ch, fmt.Errorf("encode self-check evidence: %w", err)
+	}
+	vc := verdictCount{tool: r.Tool}
+	for _, s := range append([]SampleCheck{r.Absent}, r.Samples...) {
+		switch {
+		case s.Unreachable:
+			vc.unknowns++
+			vc.lastErr = s.Error
+		case s.Verdict != string(probes.Unknown):
+			vc.conclusive = true
+		}
+	}
+	write := func(evidence []byte) error {
+		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO probe_self_checks AS c (tool, outcome, fingerprint, samples, present_failed, absent_verdict,
+					disagreements, summary, evidence, actor, checked_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now())
+				ON CONFLICT (tool) DO UPDATE SET outcome = excluded.outcome, fingerprint = excluded.fingerprint,
+					samples = excluded.samples, present_failed = excluded.present_failed, absent_verdict = excluded.absent_verdict,
+					disagreements = c.disagreements + excluded.disagreements, summary = excluded.summary,
+					evidence = excluded.evidence, actor = excluded.actor, checked_at = now()`,
+				r.Tool, r.Outcome, r.Fingerprint, len(r.Samples), failedCount(r), r.Absent.Verdict, r.Disagreements,
+				r.Summary, evidence, r.Actor)
+			if err != nil {
+				return fmt.Errorf("record self-check of tool %q: %w", r.Tool, err)
+			}
+			if ch, err = e.countVerdicts(ctx, tx, vc); err != nil {
+				return err
+			}
+			switch r.Outcome {
+			case CheckUntrusted:
+				_, err = alerts.Raise(ctx, tx, alerts.Alert{Reason: alerts.ReasonProbeUntrusted, Tool: r.Tool,
+					Details: alerts.Details{Note: "self-check " + r.Summary, LastError: safetext.Clip(r.evidenceText(), 1800)}}, e.cfg.RenotifyAfter)
+			case CheckTrusted:
+				_, err = alerts.ResolveToolReason(ctx, tx, r.Tool, alerts.ReasonProbeUntrusted, "the probe passed its self-check again")
+			}
+			return err
+		})
+	}
+	err = write(evidence)
+	if err != nil && evidenceRefused(err) {
+		// The evidence, not the check, is what the database refused: keep
+		// the verdicts, drop the texts.
+		err = write(droppedEvidence(err))
+	}
+	return ch, err
+}
+
+func failedCount(r CheckResult) int {
+	n := 0
+	for _, s := range r.Samples {
+		if !s.Passed && !s.Unreachable {
+			n++
+		}
+	}
+	return n
+}
+
+// ensureTrusted tells whether the tool's verdicts may change the ledger in
+// this pass: a stored trusted check made with the same probe configuration
+// within SelfCheckInterval, or a new check (stored, shared with replicas,
+// unless this is a dry run).
+func (t *toolRun) ensureTrusted(ctx context.Context) (CheckResult, error) {
+	e := t.p.e
+	stored, now, ok, err := storedCheck(ctx, e.pool, t.tool)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	if ok && stored.Trusted() && stored.Fingerprint == t.policy.ProbeFingerprint &&
+		now.Sub(stored.CheckedAt) < e.cfg.SelfCheckInterval {
+		return stored, nil
+	}
+	r, err := e.runCheck(ctx, t.tool, t.policy)
+	if err != nil {
+		return r, err
+	}
+	if e.metrics != nil {
+		e.metrics.observeCheck(r)
+	}
+	if t.p.opts.DryRun {
+		return r, nil
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	ch, err := e.recordCheck(wctx, r)
+	if err != nil {
+		return r, err
+	}
+	t.breakerChanged(ch)
+	level := slogLevelFor(r.Outcome)
+	e.logger.Log(ctx, level, "probe self-check", "tool", t.tool, "outcome", r.Outcome, "summary", r.Summary)
+	return r, nil
+}
