@@ -111,6 +111,9 @@ func FuzzJSONMatch(f *testing.F) {
 		{`not json`, "", ""},
 		{`{"a":1} {"b":2}`, "a", ""},
 		{`{"data":[{"id":1}]}`, "data.", "x..y"},
+		{`{"items":[{"id":1}]}`, "data", "id"},
+		{`{"data":[{"id":1}]}`, "data.1", "id"},
+		{`{"data":{"id":1}}`, "$.data", "$.id"},
 	} {
 		f.Add([]byte(s[0]), s[1], s[2])
 	}
@@ -127,6 +130,14 @@ func FuzzJSONMatch(f *testing.F) {
 			p := &HTTPProbe{match: mp, mapping: m, code: 200}
 			res := p.evaluate(body, httpEvidence{Method: "GET", URL: "/", HTTPStatus: 200}, "GET /")
 			checkResult(t, res)
+			if res.Verdict == NotFound {
+				// Absence is explicit: the match path is present and
+				// holds null, [] or {}.
+				doc, _ := decodeJSON(body)
+				if v, miss := mp.find(doc); miss != nil || !isEmpty(v) {
+					t.Fatalf("not_found for match %q on %s, which does not hold null, [] or {} there", match, body)
+				}
+			}
 			if res.Verdict == Found && m == nil {
 				// The whole matched object: re-selecting it must agree.
 				doc, _ := decodeJSON(body)
