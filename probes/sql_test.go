@@ -517,9 +517,11 @@ func TestSQLMultipleStatementsRefusedByPostgreSQL(t *testing.T) {
 	}
 	t.Cleanup(simplePool.Close)
 	for name, cfg := range map[string]probes.SQLConfig{
-		"own pool":                  {DatabaseURL: db.URL, Query: multiQuery, Args: []string{"key"}},
-		"own pool, cache_statement": {DatabaseURL: withParams(db.URL, "default_query_exec_mode=cache_statement"), Query: multiQuery, Args: []string{"key"}},
-		"simple protocol pool":      {Pool: simplePool, Query: multiQuery, Args: []string{"key"}},
+		"own pool":                   {DatabaseURL: db.URL, Query: multiQuery, Args: []string{"key"}},
+		"own pool, cache_statement":  {DatabaseURL: withParams(db.URL, "default_query_exec_mode=cache_statement"), Query: multiQuery, Args: []string{"key"}},
+		"simple protocol pool":       {Pool: simplePool, Query: multiQuery, Args: []string{"key"}},
+		"no parameters":              {DatabaseURL: db.URL, Query: "SELECT 1; DELETE FROM charges"},
+		"no parameters, simple pool": {Pool: simplePool, Query: "SELECT 1; DELETE FROM charges"},
 	} {
 		p := newSQL(t, cfg)
 		res := p.Probe(context.Background(), keyed("key-one"))
