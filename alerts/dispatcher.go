@@ -18,6 +18,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 )
 
 // Defaults of Config, used where a field is zero.
@@ -78,6 +81,11 @@ type Config struct {
 	// Now is the clock for due times, leases and back-off. Nil: the
 	// database's now(), one clock for every replica. Tests pin it.
 	Now func() time.Time
+	// Redactor removes the configuration's secrets from every text a
+	// message carries (probe errors, notes, keys) and from stored
+	// delivery errors. Nil: only what looks like a credential (URL
+	// passwords, DSN passwords, bearer and Slack tokens, webhook paths).
+	Redactor *secret.Redactor
 }
 
 func (c Config) withDefaults() Config {
@@ -147,7 +155,7 @@ func New(pool *pgxpool.Pool, cfg Config, notifier Notifier, logger *slog.Logger,
 		notifier: notifier,
 		logger:   logger,
 		metrics:  metrics,
-		render:   newRenderer(cfg.RunbookURL, cfg.MaxKeysPerMessage),
+		render:   newRenderer(cfg.RunbookURL, cfg.MaxKeysPerMessage).withRedactor(cfg.Redactor),
 		sem:      make(chan struct{}, 1),
 	}
 }
@@ -275,7 +283,9 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Report, error) {
 			continue
 		}
 		class, retryAfter, perMessage := classify(retry, nerr)
-		f := failure{class: class, err: truncRunes(nerr.Error(), maxStoredError), delay: d.delay(class, g.maxAttempts(), retryAfter)}
+		// Notifiers redact their errors; the configuration's redactor
+		// goes over them again before they are stored and logged.
+		f := failure{class: class, err: safetext.ClipRunes(d.cfg.Redactor.String(nerr.Error()), maxStoredError), delay: d.delay(class, g.maxAttempts(), retryAfter)}
 		errs = append(errs, d.markFailed(ctx, g, token, f))
 		rep.FailedMessages++
 		rep.Failed += len(g.items)

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/slack-go/slack"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 )
 
 // DefaultSlackTimeout bounds one call to Slack when SlackConfig.Timeout is 0.
@@ -40,6 +42,10 @@ type SlackConfig struct {
 	// Transport carries the requests. Default: a clone of
 	// http.DefaultTransport (one connection pool per notifier).
 	Transport http.RoundTripper
+	// Redactor, the configuration's, also goes over every delivery error
+	// (after the notifier's own redaction of its webhook URL or token).
+	// Nil: the notifier's own redaction only.
+	Redactor *secret.Redactor
 }
 
 // NewSlack returns the Slack notifier cfg describes, or ErrNoSlack.
@@ -64,7 +70,7 @@ func NewSlack(cfg SlackConfig) (Notifier, error) {
 		return &webhookNotifier{
 			url:    cfg.WebhookURL,
 			client: client,
-			red:    newRedactor("the Slack webhook at "+u.Host, cfg.WebhookURL, u.Path, u.RawQuery),
+			red:    newRedactor("the Slack webhook at "+u.Host, cfg.WebhookURL, u.Path, u.RawQuery).also(cfg.Redactor),
 		}, nil
 	case cfg.Token != "":
 		if cfg.Channel == "" {
@@ -81,7 +87,7 @@ func NewSlack(cfg SlackConfig) (Notifier, error) {
 		return &botNotifier{
 			client:  slack.New(cfg.Token, slack.OptionAPIURL(api), slack.OptionHTTPClient(client)),
 			channel: cfg.Channel,
-			red:     newRedactor(where, cfg.Token),
+			red:     newRedactor(where, cfg.Token).also(cfg.Redactor),
 		}, nil
 	}
 	return nil, ErrNoSlack
@@ -291,25 +297,28 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 // redactor strips secrets from errors. slack-go and net/http quote the
 // request URL (*url.Error), which for a webhook is the secret itself.
 type redactor struct {
-	where   string
-	secrets []string
+	where string
+	// own knows the notifier's webhook URL or token (and masks what looks
+	// like a credential); cfg is the configuration's, nil when not given.
+	own, cfg *secret.Redactor
 }
 
 func newRedactor(where string, secrets ...string) redactor {
-	r := redactor{where: where}
+	r := redactor{where: where, own: secret.New()}
 	for _, s := range secrets {
 		// Short fragments (a path "/") would redact everything.
 		if len(s) >= 8 {
-			r.secrets = append(r.secrets, s, url.PathEscape(s), url.QueryEscape(s))
+			r.own.Register(s)
 		}
 	}
 	return r
 }
 
-var (
-	tokenRE   = regexp.MustCompile(`xox[a-z]-[0-9A-Za-z-]+`)
-	webhookRE = regexp.MustCompile(`hooks\.slack(-gov)?\.com/[^\s"']+`)
-)
+// also returns r going over its text with red too.
+func (r redactor) also(red *secret.Redactor) redactor {
+	r.cfg = red
+	return r
+}
 
 // redact returns err's text without any secret, keeping only the
 // context.Canceled / DeadlineExceeded identity for errors.Is.
@@ -327,11 +336,10 @@ func (r redactor) redact(err error) error {
 	} else {
 		msg = err.Error()
 	}
-	for _, s := range r.secrets {
-		msg = strings.ReplaceAll(msg, s, "[redacted]")
+	if r.cfg != nil {
+		msg = r.cfg.String(msg)
 	}
-	msg = tokenRE.ReplaceAllString(msg, "xox?-[redacted]")
-	msg = webhookRE.ReplaceAllString(msg, "hooks.slack.com/[redacted]")
+	msg = r.own.String(msg)
 	var cause error
 	switch {
 	case errors.Is(err, context.Canceled):

@@ -13,7 +13,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 )
 
 // Defaults of the built-in probes, applied where a config field is zero.
@@ -295,10 +296,9 @@ func (p *HTTPProbe) snippet(body []byte) string {
 		}
 		return r
 	}, s)
-	s = strings.Join(strings.Fields(s), " ")
-	if utf8.RuneCountInString(s) > max {
-		s = string([]rune(s)[:max]) + "…"
-	}
+	// Cut between characters: the snippet ends up in an error that is
+	// stored, logged and sent to Slack.
+	s = safetext.ClipRunes(strings.Join(strings.Fields(s), " "), max+1)
 	if s == "" {
 		return "(empty)"
 	}
