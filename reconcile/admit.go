@@ -5,14 +5,23 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // admit decides whether this pass probes the tool at all: not while its
 // breaker is open, nor while another replica sends the half-open trial, nor
 // while its probe is not trusted (its self-check failed or could not
 // conclude). Keys left alone keep their attempt counts and back-off.
-func (t *toolRun) admit(ctx context.Context) (bool, error) {
+func (t *toolRun) admit(ctx context.Context, lp ledger.LeaseParams) (bool, error) {
 	p := t.p
+	// Nothing due (keys still in flight, backing off): nothing to vouch
+	// for, so no probe, check or trial is spent on the tool.
+	lp.Limit = 1
+	due, err := ledger.PeekDue(ctx, p.e.pool, lp, ledger.Leased{})
+	if err != nil || len(due) == 0 {
+		return false, err
+	}
 	br, err := loadBreaker(ctx, p.e.pool, t.tool)
 	if err != nil {
 		return false, err

@@ -495,12 +495,6 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		p.report.Tools = append(p.report.Tools, tr)
 		p.mu.Unlock()
 	}()
-	if policy.Probe != nil {
-		on, err := t.admit(ctx)
-		if err != nil || !on {
-			return err
-		}
-	}
 	lp := ledger.LeaseParams{
 		Tool:             tool,
 		Window:           policy.ProcessingWindow + p.e.cfg.Grace,
@@ -509,6 +503,12 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		Lease:            p.e.cfg.Lease,
 		Keys:             slices.Clone(p.opts.Keys),
 		IgnoreBackoff:    len(p.opts.Keys) > 0,
+	}
+	if policy.Probe != nil {
+		on, err := t.admit(ctx, lp)
+		if err != nil || !on {
+			return err
+		}
 	}
 	type leasedKey struct {
 		l  ledger.Leased

@@ -47,6 +47,8 @@ func (p *pass) explainUntouched(ctx context.Context) {
 			why = "leased by another reconciler right now"
 		case p.breakerOpen(k.Tool):
 			why = "its tool's circuit breaker is open"
+		case p.untrusted(k.Tool):
+			why = "its tool's probe is not trusted (self-check failed or inconclusive): no key of the tool changes until it passes; run 'ledgerkeeper probe check'"
 		}
 		p.report.Skipped = append(p.report.Skipped, KeyResult{Key: key, Tool: k.Tool, Action: why})
 	}
@@ -56,6 +58,15 @@ func (p *pass) breakerOpen(tool string) bool {
 	for _, t := range p.report.Tools {
 		if t.Tool == tool {
 			return t.BreakerOpen
+		}
+	}
+	return false
+}
+
+func (p *pass) untrusted(tool string) bool {
+	for _, t := range p.report.Tools {
+		if t.Tool == tool {
+			return t.Untrusted
 		}
 	}
 	return false
