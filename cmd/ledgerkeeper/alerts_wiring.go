@@ -33,6 +33,7 @@ func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metric
 		Channel:    s.Channel,
 		APIURL:     s.APIURL,
 		Timeout:    timeout,
+		Redactor:   a.cfg.Redactor(),
 	})
 	switch {
 	case errors.Is(err, alerts.ErrNoSlack):
@@ -49,5 +50,7 @@ func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metric
 		NotifyTimeout:     notifyTimeout,
 		MaxKeysPerMessage: a.cfg.Alerts.MaxKeysPerMessage,
 		RunbookURL:        a.cfg.Alerts.RunbookURL,
+		// Probe errors in messages lose every configured secret.
+		Redactor: a.cfg.Redactor(),
 	}, notifier, a.logger.With("component", "alerts"), metrics), nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
@@ -27,7 +29,15 @@ const (
 
 // app is what every command shares: flags, configuration, logger, pool.
 type app struct {
+	// stdout redacts every line a command prints (out is the same writer,
+	// for writeJSON's documents and the final flush); stderr carries the
+	// logger's records, redacted by its handler, and errors, redacted by
+	// run.
 	stdout, stderr io.Writer
+	out            *secret.Writer
+	// early redacts before the configuration is loaded (the
+	// --database-url flag).
+	early *secret.Redactor
 
 	configPath  string
 	databaseURL string
@@ -69,12 +79,31 @@ func (a *app) load() error {
 		return usagef("--log-level: %v", err)
 	}
 	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(a.stderr, opts)
 	if cfg.Log.Format == "json" {
-		a.logger = slog.New(slog.NewJSONHandler(a.stderr, opts))
-	} else {
-		a.logger = slog.New(slog.NewTextHandler(a.stderr, opts))
+		h = slog.NewJSONHandler(a.stderr, opts)
 	}
+	a.logger = newLogger(h, cfg.Redactor())
 	return nil
+}
+
+// newLogger is the one way a command gets a logger: every record is
+// redacted by the configuration's redactor before h writes it.
+func newLogger(h slog.Handler, r *secret.Redactor) *slog.Logger {
+	return slog.New(secret.NewHandler(h, r))
+}
+
+// redactor is the configuration's redactor once loaded; before that, one
+// that knows the --database-url flag.
+func (a *app) redactor() *secret.Redactor {
+	if a.cfg != nil {
+		return a.cfg.Redactor()
+	}
+	if a.early == nil {
+		a.early = secret.New()
+	}
+	a.early.Register(a.databaseURL)
+	return a.early
 }
 
 // pool connects to the ledger database and checks it answers.
@@ -162,14 +191,17 @@ func rootCause(err error) string {
 	return msg
 }
 
-// redactURL hides the password of a URL (DSNs in key=value form are shown
-// as "the configured database").
+// redactURL hides the password of a database URL, or of a DSN in
+// key=value form, keeping the host readable (the output's redactor then
+// removes any registered value left).
 func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.Scheme == "" || u.Host == "" {
-		return "the configured database"
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "" && u.Host != "" {
+		return secret.Patterns(u.Redacted())
 	}
-	return u.Redacted()
+	if strings.Contains(raw, "=") {
+		return secret.Patterns(raw)
+	}
+	return "the configured database"
 }
 
 // actor names who acts: --actor, else $USER, else the OS user.
@@ -186,18 +218,26 @@ func actor(flag string) string {
 	return "operator"
 }
 
-// writeJSON prints one JSON document on stdout.
+// writeJSON prints one JSON document on stdout, every string in it
+// redacted (numbers and structure untouched, so it stays one valid
+// document).
 func (a *app) writeJSON(v any) error {
-	enc := json.NewEncoder(a.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-// roundTrip re-decodes v's JSON form into out.
-func roundTrip(v, out any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return json.Unmarshal(b, out)
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, a.redactor().JSON(b), "", "  "); err != nil {
+		return err
+	}
+	buf.WriteByte('\n')
+	w := a.stdout
+	if a.out != nil {
+		if err := a.out.Flush(); err != nil {
+			return err
+		}
+		w = a.out.Raw()
+	}
+	_, err = w.Write(buf.Bytes())
+	return err
 }

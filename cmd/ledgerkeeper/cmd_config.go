@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -49,10 +50,16 @@ downstream that cannot be reached exits 1.`,
 			if asJSON {
 				return a.writeJSON(a.cfg)
 			}
-			// Round-trip through JSON so secrets go through their masking
-			// marshaller, then print as YAML for people.
+			// Through JSON, so that Secret settings go through their
+			// masking marshaller and every other string through the
+			// redactor (a token inside a probe URL's query), then as YAML
+			// for people.
+			b, err := json.Marshal(a.cfg)
+			if err != nil {
+				return err
+			}
 			var generic map[string]any
-			if err := roundTrip(a.cfg, &generic); err != nil {
+			if err := json.Unmarshal(a.redactor().JSON(b), &generic); err != nil {
 				return err
 			}
 			src := a.cfg.File

@@ -79,7 +79,7 @@ func runDemo(ctx context.Context, a *app) error {
 	d := &demo{a: a, out: a.stdout}
 	// The demo's own configuration; log output stays quiet unless asked.
 	if a.logLevel == "" {
-		a.logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		a.logger = newLogger(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), a.redactor())
 	}
 
 	d.say("== ledgerkeeper demo ==")

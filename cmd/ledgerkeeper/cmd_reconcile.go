@@ -14,6 +14,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
@@ -178,10 +179,8 @@ func summarize(m map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
+// oneLine folds s onto one line of at most n characters, cut between
+// characters (a byte cut would print half of an "é").
 func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
+	return safetext.ClipRunes(strings.Join(strings.Fields(s), " "), n)
 }

@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 )
 
 // Exit codes (DESIGN.md): 0 done, 1 operational failure, 2 usage or config.
@@ -31,21 +33,29 @@ func main() {
 }
 
 // run is main without the process: tests call it.
+// Every line printed on stdout and every error printed on stderr goes
+// through the configuration's redactor; logs go through it in their
+// handler (app.load).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	a := &app{stdout: stdout, stderr: stderr}
+	a := &app{stderr: stderr}
+	a.out = secret.NewWriter(stdout, a.redactor)
+	a.stdout = a.out
+	defer a.out.Flush()
 	root := newRootCmd(a)
 	root.SetArgs(args)
-	root.SetOut(stdout)
+	root.SetOut(a.stdout)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
 	}
+	_ = a.out.Flush() // what the command printed comes before its error
+	msg := a.redactor().String(err.Error())
 	var ue *usageError
 	var ce *configError
 	switch {
 	case errors.As(err, &ue), errors.As(err, &ce), isCobraUsage(err):
-		fmt.Fprintf(stderr, "ledgerkeeper: %v\n", err)
+		fmt.Fprintf(stderr, "ledgerkeeper: %s\n", msg)
 		if errors.As(err, &ue) || isCobraUsage(err) {
 			fmt.Fprintln(stderr, "Run 'ledgerkeeper --help' for usage.")
 		}
@@ -53,7 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, errSilentFailure):
 		return exitOperational
 	default:
-		fmt.Fprintf(stderr, "ledgerkeeper: %v\n", err)
+		fmt.Fprintf(stderr, "ledgerkeeper: %s\n", msg)
 		return exitOperational
 	}
 }

@@ -113,7 +113,16 @@ func forms(v string) []string {
 	q := strconv.Quote(v)
 	out = append(out, q[1:len(q)-1])
 	q = strconv.QuoteToASCII(v)
-	return append(out, q[1:len(q)-1])
+	out = append(out, q[1:len(q)-1])
+	// What a server reads when the value stood unencoded in a URL ("+"
+	// is a space in a query) and quotes back.
+	if u, err := url.QueryUnescape(v); err == nil && u != v {
+		out = append(out, u)
+	}
+	if u, err := url.PathUnescape(v); err == nil && u != v {
+		out = append(out, u)
+	}
+	return out
 }
 
 // embeddedPasswords returns the password of a URL with userinfo, or of a
@@ -169,6 +178,12 @@ func (r *Redactor) String(s string) string {
 	return patterns(s)
 }
 
+// Patterns masks what looks like a credential in s (URL passwords, DSN
+// password=, bearer tokens, Slack tokens and webhook paths) without any
+// registered value: for a database URL shown to name a host, before any
+// configuration is loaded.
+func Patterns(s string) string { return patterns(s) }
+
 // patterns applies the built-in patterns.
 func patterns(s string) string {
 	if strings.Contains(s, "://") {
@@ -182,7 +197,7 @@ func patterns(s string) string {
 	}
 	s = bearerRE.ReplaceAllStringFunc(s, func(m string) string {
 		sub := bearerRE.FindStringSubmatch(m)
-		if len(sub[2]) < 20 && !strings.ContainsAny(sub[2], "0123456789") {
+		if len(sub[2]) < 16 && !strings.ContainsAny(sub[2], "0123456789") {
 			return m
 		}
 		return sub[1] + " " + Mask
@@ -233,23 +248,6 @@ func (r *Redactor) JSON(doc json.RawMessage) json.RawMessage {
 		return b
 	}
 	return json.RawMessage(strings.TrimSuffix(sb.String(), "\n"))
-}
-
-// Value redacts any value's JSON form and decodes it back into a generic
-// value (maps, slices, strings, json.Number), for outputs built from
-// structs.
-func (r *Redactor) Value(v any) (any, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil, err
-	}
-	dec := json.NewDecoder(strings.NewReader(string(r.JSON(b))))
-	dec.UseNumber()
-	var out any
-	if err := dec.Decode(&out); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 func (r *Redactor) walk(v any, changed *bool) any {
