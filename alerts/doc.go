@@ -79,5 +79,8 @@
 //
 // A webhook URL and a token are secrets. Notifiers redact them from every
 // error (net/http quotes the URL in *url.Error), so last_error, logs and
-// Health never hold them.
+// Health never hold them. The configuration's redactor (Config.Redactor,
+// SlackConfig.Redactor: every ${VAR} and *_file value) goes over every
+// text a message carries, probe errors included, before it is rendered,
+// and over delivery errors before they are stored.
 package alerts
