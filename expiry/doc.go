@@ -1,5 +1,5 @@
 // Package expiry is ledgerkeeper's retention policy and the batched purge of
-// expired idempotency keys (DESIGN.md, invariant 5).
+// expired idempotency keys (ARCHITECTURE.md, invariant 5).
 //
 // # Rules
 //
@@ -56,7 +56,7 @@
 // # Pacing
 //
 // A purge hurts the tool servers' writers through its duty cycle (CPU and
-// WAL), not its locks (DESIGN.md, "Performance facts"). So the purger holds
+// WAL), not its locks (BENCHMARKS.md, "Purge"). So the purger holds
 // the fraction of wall time spent inside DELETE transactions at or under
 // DutyCycle: after a batch that took d, it pauses
 //

@@ -19,9 +19,10 @@
 //
 // Every transition is compare-and-set: it names the status and the
 // claimed_at it read, so a write based on a stale read changes nothing and
-// reports ErrConflict. The one edge beyond DESIGN.md's list,
-// failed_retryable → completed, is taken only by the attempt that owns the
-// row's claimed_at: if the original attempt finishes after the reconciler
+// reports ErrConflict. The one edge a reader may not expect
+// (ARCHITECTURE.md, "Transitions"), failed_retryable → completed, is taken
+// only by the attempt that owns the row's claimed_at (or by an operator's
+// resolve --completed): if the original attempt finishes after the reconciler
 // judged it absent, and no retry has re-claimed the key yet, its real outcome
 // is kept instead of being lost (and redone by the next retry).
 //

@@ -1,6 +1,6 @@
 -- +goose Up
 -- The idempotency ledger. Column names and statuses are the data contract
--- (DESIGN.md): tool servers write these rows, ledgerkeeper repairs them.
+-- (ARCHITECTURE.md): tool servers write these rows, ledgerkeeper repairs them.
 CREATE TABLE idempotency_keys (
     key           varchar(128) PRIMARY KEY,
     tool          varchar(64)  NOT NULL,

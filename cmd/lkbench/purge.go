@@ -21,7 +21,7 @@ import (
 )
 
 // purgeVariants are the ways of deleting the expired half of the ledger that
-// the benchmark compares. The first two are the shapes DESIGN.md warns
+// the benchmark compares. The first two are the shapes BENCHMARKS.md warns
 // against, written here on purpose; ledgerkeeper's own is package expiry.
 var purgeVariants = map[string]func(ctx context.Context, db *pgxpool.Pool, cfg expiry.Config) (int64, error){
 	"none": nil,
