@@ -15,6 +15,11 @@
 // everywhere would destroy every message, and such a value is too short to
 // be a credential. Such a password is still masked where it stands in a URL
 // (scheme://user:pw@host) or a DSN (password=pw).
+//
+// The outputs are wired once: NewHandler wraps the process's slog.Handler,
+// NewWriter wraps a command's stdout, Redactor.Error and Redactor.JSON serve
+// errors and documents; the reconcile engine, the alert dispatcher and the
+// Slack notifier take the configuration's Redactor in their Config.
 package secret
 
 import (
