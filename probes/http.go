@@ -206,6 +206,7 @@ func (p *HTTPProbe) Probe(ctx context.Context, k Key) Result {
 		req.Host = p.host
 	}
 
+	answered := traceRequest(ctx, req, p.secrets) // for `probe run`; a no-op otherwise
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return unknown(ev.raw(), "http probe %s: %w", what, p.transportError(ctx, err))
@@ -214,6 +215,7 @@ func (p *HTTPProbe) Probe(ctx context.Context, k Key) Result {
 	ev.HTTPStatus = resp.StatusCode
 
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, p.maxBody+1))
+	answered(resp.StatusCode, body)
 	if resp.StatusCode == http.StatusNotFound {
 		// The status line is the evidence; the body does not matter.
 		return Result{Verdict: NotFound, Evidence: ev.raw()}
