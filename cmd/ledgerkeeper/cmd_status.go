@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
@@ -18,6 +21,8 @@ type statusReport struct {
 	Tools    []toolStatus          `json:"tools"`
 	Holds    []ledger.Hold         `json:"holds"`
 	Breakers []reconcile.Breaker   `json:"circuit_breakers"`
+	// ProbeChecks are the tools' stored probe self-checks.
+	ProbeChecks []probeCheckStatus `json:"probe_self_checks"`
 	Alerts   alerts.DeliveryHealth `json:"alerts"`
 	LastRuns []ledger.Run          `json:"last_runs"`
 	Warnings []string              `json:"warnings"`
@@ -31,6 +36,37 @@ type toolStatus struct {
 	P99Seconds    float64 `json:"observed_p99_processing_seconds,omitempty"`
 	P99Samples    int     `json:"observed_samples,omitempty"`
 	PendingAlerts int     `json:"pending_alerts"`
+	// ProbeCheck is the outcome of the tool's stored self-check, if any.
+	ProbeCheck string `json:"probe_self_check,omitempty"`
+}
+
+// probeCheckStatus is a tool's stored probe self-check, as `status` shows
+// it.
+type probeCheckStatus struct {
+	Tool      string    `json:"tool"`
+	Outcome   string    `json:"outcome"`
+	CheckedAt time.Time `json:"checked_at"`
+	Actor     string    `json:"actor"`
+	Summary   string    `json:"summary"`
+	// Blocking: the check is untrusted or inconclusive, so no key of the
+	// tool changes state.
+	Blocking bool `json:"blocking"`
+	// PresentUnverified: no key completed by its tool server was there to
+	// check, only the made-up key was probed.
+	PresentUnverified bool `json:"present_unverified"`
+	// Disagreements counts, since the tool's first check, completed keys
+	// a trusted probe did not find as stored; DisagreeingKeys are those of
+	// the latest check.
+	Disagreements   int      `json:"disagreements"`
+	DisagreeingKeys []string `json:"disagreeing_keys,omitempty"`
+	// Failed lists the probes of the latest check that did not pass, when
+	// it is blocking: which key, what came back.
+	Failed []reconcile.SampleCheck `json:"failed,omitempty"`
+	// ConfigChanged: the check was made with another probe configuration
+	// than the one loaded now; the next pass checks again.
+	ConfigChanged bool `json:"config_changed,omitempty"`
+	// Disabled: tools.T.probe.self_check.enabled is false now.
+	Disabled bool `json:"self_check_disabled,omitempty"`
 }
 
 // p99Since is the look-back of the processing-time check.
@@ -88,6 +124,24 @@ func newStatusCmd(a *app) *cobra.Command {
 			if st.Breakers, err = reconcile.Breakers(ctx, pool); err != nil {
 				return err
 			}
+			if st.ProbeChecks, err = a.probeChecks(ctx, pool); err != nil {
+				return err
+			}
+			checkOf := map[string]string{}
+			for _, c := range st.ProbeChecks {
+				checkOf[c.Tool] = c.Outcome
+				switch {
+				case c.Disabled:
+				case c.Outcome == reconcile.CheckUntrusted:
+					st.Warnings = append(st.Warnings, fmt.Sprintf("%s: probe untrusted: no key of this tool changes state (self-check %s); see runbook.md#probe_untrusted, then 'ledgerkeeper probe check --tool %s'",
+						c.Tool, c.Summary, c.Tool))
+				case c.Outcome == reconcile.CheckInconclusive:
+					st.Warnings = append(st.Warnings, fmt.Sprintf("%s: probe self-check inconclusive: the downstream did not answer; no key of this tool changes state until it does (%s)", c.Tool, c.Summary))
+				}
+			}
+			for i := range st.Tools {
+				st.Tools[i].ProbeCheck = checkOf[st.Tools[i].Tool]
+			}
 			if st.Alerts, err = alerts.Health(ctx, pool); err != nil {
 				return err
 			}
@@ -111,6 +165,12 @@ func newStatusCmd(a *app) *cobra.Command {
 func printStatus(a *app, st statusReport) {
 	w := a.stdout
 	fmt.Fprintf(w, "ledgerkeeper status at %s\n\n", ts(st.At))
+	for _, c := range st.ProbeChecks {
+		if c.Outcome == reconcile.CheckUntrusted && !c.Disabled {
+			fmt.Fprintf(w, "!! %s: probe untrusted: no key of this tool changes state (checked %s). Run 'ledgerkeeper probe check --tool %s'; see runbook.md#probe_untrusted.\n\n",
+				c.Tool, ts(c.CheckedAt), c.Tool)
+		}
+	}
 	if len(st.Tools) == 0 {
 		fmt.Fprintln(w, "The ledger is empty.")
 	} else {
@@ -131,6 +191,11 @@ func printStatus(a *app, st statusReport) {
 				probe = "not configured"
 			case !t.HasProbe:
 				probe = "none"
+			case t.ProbeCheck != "":
+				probe = "yes, " + t.ProbeCheck
+				if t.ProbeCheck == reconcile.CheckUntrusted {
+					probe = "yes, UNTRUSTED"
+				}
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", t.Tool, t.InWindow, t.Stuck, oldest, t.FailedRetryable,
 				t.Completed, t.Held, t.PendingAlerts, time.Duration(t.WindowSeconds*float64(time.Second)), p99, probe)
@@ -149,6 +214,35 @@ func printStatus(a *app, st statusReport) {
 				state = "open until " + ts(*b.OpenUntil)
 			}
 			fmt.Fprintf(w, "  %s: %s after %d opening(s); last error: %s\n", b.Tool, state, b.Opens, oneLine(b.LastError, 120))
+		}
+	}
+	if len(st.ProbeChecks) > 0 {
+		fmt.Fprintln(w, "\nProbe self-checks:")
+		for _, c := range st.ProbeChecks {
+			fmt.Fprintf(w, "  %s: %s at %s by %s (%s ago): %s\n", c.Tool, c.Outcome, ts(c.CheckedAt), c.Actor,
+				time.Since(c.CheckedAt).Round(time.Second), oneLine(c.Summary, 200))
+			if c.Blocking && !c.Disabled {
+				fmt.Fprintln(w, "    no key of this tool changes state until a check passes (the next pass checks again)")
+				for _, f := range c.Failed {
+					fmt.Fprintf(w, "    %s (want %s): got %s %s\n", f.Key, f.Expect, f.Verdict, oneLine(strings.Join(append(mismatchNote(f.Mismatched), f.Error), " "), 160))
+				}
+			}
+			if c.PresentUnverified {
+				fmt.Fprintln(w, "    present side unverified: no key completed by its tool server within self_check.max_age; only the made-up key was checked")
+			}
+			if c.Disagreements > 0 {
+				fmt.Fprintf(w, "    %d disagreement(s) since the first check: a completed key the probe did not find as stored (deleted or changed downstream?)", c.Disagreements)
+				if len(c.DisagreeingKeys) > 0 {
+					fmt.Fprintf(w, "; latest: %s: inspect with 'ledgerkeeper probe run KEY'", strings.Join(c.DisagreeingKeys, ", "))
+				}
+				fmt.Fprintln(w)
+			}
+			if c.ConfigChanged {
+				fmt.Fprintln(w, "    made with another probe configuration than the one loaded: the next pass checks again")
+			}
+			if c.Disabled {
+				fmt.Fprintln(w, "    self-check disabled (tools."+c.Tool+".probe.self_check.enabled: false): verdicts are acted on unchecked")
+			}
 		}
 	}
 	al := st.Alerts
@@ -177,4 +271,41 @@ func printStatus(a *app, st statusReport) {
 			fmt.Fprintln(w, "  - "+m)
 		}
 	}
+}
+
+// probeChecks reads the stored self-checks and compares each with the
+// probe configuration loaded now.
+func (a *app) probeChecks(ctx context.Context, db ledger.DBTX) ([]probeCheckStatus, error) {
+	checks, err := reconcile.StoredChecks(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	current := daemon.EngineConfig(a.cfg, nil, "status").Tools
+	out := make([]probeCheckStatus, 0, len(checks))
+	for _, c := range checks {
+		pc := probeCheckStatus{Tool: c.Tool, Outcome: c.Outcome, CheckedAt: c.CheckedAt, Actor: c.Actor, Summary: c.Summary,
+			Blocking: !c.Trusted(), PresentUnverified: c.PresentUnverified, Disagreements: c.Disagreements}
+		for _, s := range append([]reconcile.SampleCheck{c.Absent}, c.Samples...) {
+			switch {
+			case s.Passed:
+			case pc.Blocking:
+				pc.Failed = append(pc.Failed, s)
+			case s.Expect == "found" && !s.Unreachable:
+				pc.DisagreeingKeys = append(pc.DisagreeingKeys, s.Key)
+			}
+		}
+		if pol, ok := current[c.Tool]; ok {
+			pc.ConfigChanged = pol.ProbeFingerprint != c.Fingerprint
+			pc.Disabled = pol.SelfCheckDisabled
+		}
+		out = append(out, pc)
+	}
+	return out, nil
+}
+
+func mismatchNote(fields []string) []string {
+	if len(fields) == 0 {
+		return nil
+	}
+	return []string{"(fields differ from the stored outcome: " + strings.Join(fields, ", ") + ")"}
 }

@@ -94,6 +94,7 @@ keys, and alerts on Slack for everything it cannot resolve.`,
 		newReleaseCmd(a),
 		newStatusCmd(a),
 		newDemoCmd(a),
+		newProbeCmd(a),
 		newServeCmd(a),
 	)
 	return root

@@ -17,6 +17,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
 
 // cli runs the command line in-process and returns exit code, stdout, stderr.
@@ -38,19 +39,21 @@ func writeFile(t *testing.T, name, content string) string {
 
 // tickets is a downstream API: GET /v1/tickets?idempotency_key=K.
 type tickets struct {
-	srv  *httptest.Server
-	mu   sync.Mutex
-	have map[string]int
-	hits int
+	srv   *httptest.Server
+	mu    sync.Mutex
+	have  map[string]int
+	hits  int
+	asked map[string]int // idempotency_key -> requests
 }
 
 func newTickets(t *testing.T) *tickets {
-	tk := &tickets{have: map[string]int{}}
+	tk := &tickets{have: map[string]int{}, asked: map[string]int{}}
 	tk.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tk.mu.Lock()
 		defer tk.mu.Unlock()
 		tk.hits++
 		key := r.URL.Query().Get("idempotency_key")
+		tk.asked[key]++
 		data := []map[string]any{}
 		for i := range tk.have[key] {
 			data = append(data, map[string]any{"id": fmt.Sprintf("T-%s-%d", key, i), "created_at": "2026-11-30T00:00:00Z"})
@@ -59,6 +62,23 @@ func newTickets(t *testing.T) *tickets {
 	}))
 	t.Cleanup(tk.srv.Close)
 	return tk
+}
+
+// keyProbes counts the requests about keys of the ledger, leaving out the
+// probe self-check's made-up keys (reconcile.SelfCheckKeyPrefix), and
+// returns the self-check's requests apart.
+func (tk *tickets) keyProbes() (keys map[string]int, selfCheck int) {
+	tk.mu.Lock()
+	defer tk.mu.Unlock()
+	keys = map[string]int{}
+	for k, n := range tk.asked {
+		if strings.HasPrefix(k, reconcile.SelfCheckKeyPrefix) {
+			selfCheck += n
+		} else {
+			keys[k] += n
+		}
+	}
+	return keys, selfCheck
 }
 
 func configFor(t *testing.T, tk *tickets) string {
@@ -239,6 +259,7 @@ func TestOperatorCommands(t *testing.T) {
 	url := db.URL
 	stuckKey(t, db, "create_ticket", "k-held", time.Minute)
 	stuckKey(t, db, "create_ticket", "k-young", 0)
+	stuckKey(t, db, "create_ticket", "k-due", time.Minute)
 
 	code, out, stderr := cli(t, "hold", "k-held", "--reason", "checking with payments", "--actor", "alice", "--config", cfg, "--database-url", url)
 	if code != 0 {
@@ -248,9 +269,19 @@ func TestOperatorCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "k-held") || !strings.Contains(out, "checking with payments") {
 		t.Fatalf("status does not list the hold: %s", out)
 	}
-	cli(t, "reconcile", "--no-alerts", "--config", cfg, "--database-url", url)
-	if tk.hits != 0 || status(t, db, "k-held") != "processing" {
-		t.Fatalf("held key probed (%d hits) or changed", tk.hits)
+	if code, out, stderr = cli(t, "reconcile", "--no-alerts", "--config", cfg, "--database-url", url); code != 0 {
+		t.Fatalf("reconcile: %d %s %s", code, out, stderr)
+	}
+	// The pass probed the key it was free to probe (k-due) and asked
+	// nothing about the held one, due as well; the young one is in flight.
+	// The probe self-check's requests (a made-up key, completed samples)
+	// are the pass vetting its probe, not probes of ledger keys.
+	probed, selfCheck := tk.keyProbes()
+	if probed["k-held"] != 0 || probed["k-due"] == 0 || len(probed) != 1 || status(t, db, "k-held") != "processing" {
+		t.Fatalf("held key probed or changed: requests by key %v, k-held %s", probed, status(t, db, "k-held"))
+	}
+	if selfCheck == 0 {
+		t.Fatal("the pass probed k-due without its probe's self-check")
 	}
 	stuckKey(t, db, "create_ticket", "k-resolve", time.Minute)
 	code, _, stderr = cli(t, "resolve", "k-held", "--retryable", "--reason", "x", "--config", cfg, "--database-url", url)
