@@ -164,6 +164,12 @@ func runDemo(ctx context.Context, a *app) error {
 		return err
 	}
 	printReconcile(d.out, rep, nil)
+	// The pass vetted each probe before acting on it (by hand: ledgerkeeper probe check).
+	if checks, err := reconcile.StoredChecks(ctx, pool); err == nil {
+		for _, c := range checks {
+			d.say("probe self-check of %s, before any of its keys changed (by hand: 'ledgerkeeper probe check'): %s", c.Tool, c.Summary)
+		}
+	}
 
 	d.say("\n-- 4. the agent retries --")
 	for _, key := range []string{"wf-2:step-1:create_ticket", "wf-3:step-1:create_ticket"} {
@@ -190,6 +196,7 @@ func runDemo(ctx context.Context, a *app) error {
 		d.say("  %s  %s  attempt %d  verdict %s  action %s", ts(h.CreatedAt), h.Actor, h.Attempt, h.Verdict, h.Action)
 	}
 	d.say("\nDone. Next: 'ledgerkeeper demo --print-config' shows the configuration used; README.md explains each part.")
+	d.say("Before deploying a probe of your own: 'ledgerkeeper probe check' runs its self-check and 'ledgerkeeper probe run KEY' probes one key by hand; neither writes anything.")
 	return nil
 }
 

@@ -379,6 +379,7 @@ func TestDemo(t *testing.T) {
 		`"idempotent_replay":true`,
 		"2 message(s) posted",
 		"tickets in the sink: 5",
+		"probe self-check of create_ticket, before any of its keys changed (by hand: 'ledgerkeeper probe check'): trusted: the made-up key came back not_found; 1 of 1 completed keys came back found with their stored values",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
