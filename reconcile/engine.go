@@ -186,6 +186,11 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, metrics *Metrics) 
 		logger = slog.New(slog.DiscardHandler)
 	}
 	cfg.applyDefaults()
+	for _, tool := range slices.Sorted(maps.Keys(cfg.Tools)) {
+		if pol := cfg.Tools[tool]; pol.Probe != nil && pol.SelfCheckDisabled {
+			logger.Warn("probe self-check disabled: this tool's verdicts change keys unchecked", "tool", tool)
+		}
+	}
 	if metrics != nil {
 		for tool := range cfg.Tools {
 			metrics.initTool(tool)
@@ -920,6 +925,11 @@ func (pl *plan) finish(err error) {
 // tool's breaker.
 func (t *toolRun) breakerChanged(ch breakerChange) {
 	e := t.p.e
+	t.mu.Lock()
+	// Failures other writers and the self-check counted bring this pass's
+	// own stop closer too.
+	t.consecutive = max(t.consecutive, ch.count)
+	t.mu.Unlock()
 	switch {
 	case ch.opened:
 		t.mu.Lock()
