@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
@@ -63,11 +64,13 @@ func TestKill9MidPass(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	<-ds.entered // a probe is in flight in the child
+	testwait.Recv(t, ds.entered, testwait.Timeout) // a probe is in flight in the child
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	_ = cmd.Wait()
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	testwait.Recv(t, waited, testwait.Timeout) // killed: it cannot take long
 
 	if n := db.Count(t, "reconcile_audit"); n != 0 {
 		t.Fatalf("audit rows after the crash = %d", n)
@@ -90,14 +93,11 @@ func TestKill9MidPass(t *testing.T) {
 	ds.mu.Lock()
 	ds.gate, ds.entered = nil, nil
 	ds.mu.Unlock()
-	deadline := time.Now().Add(helperLease + 15*time.Second)
-	for db.Count(t, "idempotency_keys WHERE status = 'processing'") > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("keys still processing long after the crash's leases expired")
-		}
+	// Polled while the crashed replica's leases run out.
+	testwait.Eventually(t, func() bool {
 		run(t, e, reconcile.Options{})
-		time.Sleep(100 * time.Millisecond) // polling interval while the lease runs out
-	}
+		return db.Count(t, "idempotency_keys WHERE status = 'processing'") == 0
+	}, helperLease+15*time.Second, "the keys to be resolved after the crash's leases expired")
 	if r, _ := ledger.Get(bg, db.Pool, "b"); r.Status != ledger.StatusCompleted {
 		t.Fatalf("b = %+v", r)
 	}

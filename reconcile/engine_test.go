@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
@@ -54,7 +55,13 @@ func newDownstream(t *testing.T) *downstream {
 		found := d.tickets[key]
 		d.mu.Unlock()
 		if entered != nil {
-			entered <- key
+			// Never blocks the server's Close: a request nobody waits for
+			// ends with its client.
+			select {
+			case entered <- key:
+			case <-r.Context().Done():
+				return
+			}
 		}
 		if gate != nil {
 			select {
@@ -318,18 +325,18 @@ func TestOriginalCompletesDuringProbe(t *testing.T) {
 				ds.addTicket("k", "T-probe")
 			}
 			e := engine(t, db.Pool, reconcile.Config{Tools: map[string]reconcile.Policy{"create_ticket": {ProcessingWindow: time.Second, Probe: ds.probe(t)}}})
-			done := make(chan reconcile.Report)
+			done := make(chan reconcile.Report, 1)
 			go func() {
 				r, _ := e.Run(bg, reconcile.Options{})
 				done <- r
 			}()
-			<-ds.entered // the probe is in flight, no row lock held
+			testwait.Recv(t, ds.entered, testwait.Timeout) // the probe is in flight, no row lock held
 			k := row(t, db, "k")
 			if err := ledger.Complete(bg, db.Pool, "k", k.ClaimedAt, 201, json.RawMessage(`{"ticket_id":"T-original"}`)); err != nil {
 				t.Fatalf("original attempt blocked or refused while probing: %v", err)
 			}
 			close(ds.gate)
-			rep := <-done
+			rep := testwait.Recv(t, done, testwait.Timeout)
 			if len(rep.Keys) != 1 || rep.Keys[0].Action != "resolved_by_original" {
 				t.Fatalf("report = %+v", rep.Keys)
 			}
@@ -396,7 +403,7 @@ func TestTwoReplicasProbeEachKeyOnce(t *testing.T) {
 		}()
 	}
 	close(gate)
-	ra, rb := <-reports, <-reports
+	ra, rb := testwait.Recv(t, reports, testwait.Timeout), testwait.Recv(t, reports, testwait.Timeout)
 	if len(ra.Keys)+len(rb.Keys) != 200 {
 		t.Fatalf("decisions: %d + %d, want 200", len(ra.Keys), len(rb.Keys))
 	}
@@ -431,14 +438,14 @@ func TestCancelledPassResumes(t *testing.T) {
 	ds.addTicket("a", "T-a")
 	e := engine(t, db.Pool, reconcile.Config{Concurrency: 3, Tools: map[string]reconcile.Policy{"create_ticket": {ProcessingWindow: time.Second, Probe: ds.probe(t)}}})
 	ctx, cancel := context.WithCancel(bg)
-	done := make(chan error)
+	done := make(chan error, 1)
 	go func() {
 		_, err := e.Run(ctx, reconcile.Options{})
 		done <- err
 	}()
-	<-ds.entered
+	testwait.Recv(t, ds.entered, testwait.Timeout)
 	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
+	if err := testwait.Recv(t, done, testwait.Timeout); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled pass err = %v", err)
 	}
 	if n := db.Count(t, "reconcile_audit"); n != 0 {
@@ -724,14 +731,14 @@ func TestDatabaseGoesAwayMidPass(t *testing.T) {
 	pool := newPool(t, db.URL, 4)
 	e := engine(t, pool, reconcile.Config{Lease: 5 * time.Second, Concurrency: 2,
 		Tools: map[string]reconcile.Policy{"create_ticket": {ProcessingWindow: time.Second, Probe: probe}}})
-	done := make(chan reconcile.Report)
+	done := make(chan reconcile.Report, 1)
 	go func() {
 		r, _ := e.Run(bg, reconcile.Options{})
 		done <- r
 	}()
 	admin := newPool(t, strings.Replace(db.URL, "/"+db.Name, "/postgres", 1), 1)
-	<-ds.entered
-	<-ds.entered
+	testwait.Recv(t, ds.entered, testwait.Timeout)
+	testwait.Recv(t, ds.entered, testwait.Timeout)
 	// Take the database away: no new connections, existing ones killed.
 	if _, err := admin.Exec(bg, `ALTER DATABASE `+db.Name+` ALLOW_CONNECTIONS false`); err != nil {
 		t.Fatal(err)
@@ -740,7 +747,7 @@ func TestDatabaseGoesAwayMidPass(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(gate)
-	rep := <-done
+	rep := testwait.Recv(t, done, testwait.Timeout)
 	if rep.Actions["write_failed"] != 2 {
 		t.Fatalf("actions = %+v, want 2 write_failed", rep.Actions)
 	}
@@ -758,14 +765,11 @@ func TestDatabaseGoesAwayMidPass(t *testing.T) {
 	ds.mu.Lock()
 	ds.gate, ds.entered = nil, nil
 	ds.mu.Unlock()
-	deadline := time.Now().Add(15 * time.Second)
-	for db.Count(t, "idempotency_keys WHERE status = 'processing'") > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("keys not resolved after the database came back")
-		}
+	// Polled while the dead pass's leases lapse.
+	testwait.Eventually(t, func() bool {
 		_, _ = e.Run(bg, reconcile.Options{})
-		time.Sleep(100 * time.Millisecond) // polling interval while leases lapse
-	}
+		return db.Count(t, "idempotency_keys WHERE status = 'processing'") == 0
+	}, 15*time.Second, "the keys to be resolved after the database came back")
 	if r := row(t, db, "a"); r.Status != ledger.StatusCompleted {
 		t.Fatalf("a = %+v", r)
 	}
@@ -783,18 +787,18 @@ func TestHeartbeatDuringProbeWins(t *testing.T) {
 	ds.entered = make(chan string, 1)
 	stuck(t, db, "create_ticket", time.Minute, "slow-but-alive")
 	e := engine(t, db.Pool, reconcile.Config{Tools: map[string]reconcile.Policy{"create_ticket": {ProcessingWindow: time.Second, Probe: ds.probe(t)}}})
-	done := make(chan reconcile.Report)
+	done := make(chan reconcile.Report, 1)
 	go func() {
 		r, _ := e.Run(bg, reconcile.Options{})
 		done <- r
 	}()
-	<-ds.entered
+	testwait.Recv(t, ds.entered, testwait.Timeout)
 	k := row(t, db, "slow-but-alive")
 	if err := ledger.Heartbeat(bg, db.Pool, k.Key, k.ClaimedAt); err != nil {
 		t.Fatal(err)
 	}
 	close(gate)
-	rep := <-done
+	rep := testwait.Recv(t, done, testwait.Timeout)
 	if len(rep.Keys) != 1 || rep.Keys[0].Action != "in_flight_again" {
 		t.Fatalf("report = %+v", rep.Keys)
 	}
