@@ -18,7 +18,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 )
 
-// Exit codes (DESIGN.md): 0 done, 1 operational failure, 2 usage or config.
+// Exit codes (README.md, "Command line"): 0 done, 1 operational failure, 2 usage or config.
 const (
 	exitOK          = 0
 	exitOperational = 1
