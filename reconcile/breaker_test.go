@@ -78,6 +78,8 @@ type deadToolScenario struct {
 	ds  *downstream
 	cfg reconcile.Config
 	e   *reconcile.Engine
+	// passers run the passes in turn (default: e alone).
+	passers []*reconcile.Engine
 }
 
 const deadTool = "charge_card"
@@ -103,7 +105,11 @@ func (s *deadToolScenario) sixPasses(t *testing.T) {
 	wantCount := []int{3, 5, 5, 5, 5, 5}
 	for i := range 6 {
 		makeDue(t, db)
-		rep := run(t, s.e, reconcile.Options{})
+		e := s.e
+		if len(s.passers) > 0 {
+			e = s.passers[i%len(s.passers)]
+		}
+		rep := run(t, e, reconcile.Options{})
 		if n := s.ds.totalHits(); n != wantHits[i] {
 			t.Fatalf("pass %d: %d probes in all, want %d (the breaker opens at 5 unknowns, whatever the passes)", i+1, n, wantHits[i])
 		}
@@ -215,6 +221,22 @@ func TestBreakerCountsAcrossPasses(t *testing.T) {
 	// Any per-key alert raised before the breaker opened is over too.
 	if n := db.Count(t, "alert_state WHERE reason = 'probe_failing' AND resolved_at IS NULL"); n != 0 {
 		t.Fatalf("%d probe_failing alerts left open after every key settled", n)
+	}
+}
+
+// Replicas share the count: passes alternating between two of them (own
+// pools, own actors) open the breaker at the same 5th unknown.
+func TestBreakerCountsAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	s := newDeadToolScenario(t)
+	for _, actor := range []string{"replica-a", "replica-b"} {
+		cfg := s.cfg
+		cfg.Actor = actor
+		s.passers = append(s.passers, engine(t, newPool(t, s.db.URL, 4), cfg))
+	}
+	s.sixPasses(t)
+	if n := s.db.Count(t, "reconcile_audit WHERE actor = 'replica-a'"); n != 3 {
+		t.Fatalf("replica-a decided %d keys, want 3 (pass 1)", n)
 	}
 }
 
