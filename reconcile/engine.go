@@ -59,7 +59,8 @@ type Policy struct {
 	// HeartbeatTimeout: keys with a heartbeat younger than this are in
 	// flight. Default ProcessingWindow.
 	HeartbeatTimeout time.Duration
-	// DownstreamDedupWindow: past it (measured from claimed_at), not_found
+	// DownstreamDedupWindow: past it (measured from created_at, the key's
+	// first use: the conservative end when a retry re-claimed it), not_found
 	// escalates instead of marking the key failed_retryable. 0 = none.
 	DownstreamDedupWindow time.Duration
 	// Concurrency bounds this tool's probes in flight. Default: the
