@@ -79,6 +79,9 @@ type probeRunReport struct {
 	// the response_body fields where the probe's differs from it.
 	Stored     *probeOutcome `json:"stored,omitempty"`
 	Mismatched []string      `json:"mismatched_fields,omitempty"`
+	// Note says what the verdict means for this key, where it is worth
+	// saying (a completed key the probe does not find).
+	Note string `json:"note,omitempty"`
 	// SelfCheck is the tool's latest stored self-check: the reconciler
 	// acts on the probe's verdicts only while it passes.
 	SelfCheck *checkNote `json:"self_check,omitempty"`
@@ -207,6 +210,11 @@ Writes nothing. Exit 0 when the probe ran, whatever its verdict.`,
 					rep.Mismatched = reconcile.MismatchedFields(rep.Stored.Body, res.Outcome.Body)
 				}
 			}
+			if rep.Status == ledger.StatusCompleted && res.Verdict != probes.Found {
+				rep.Note = "the ledger holds this key's outcome, so its effect exists: a probe that does not find it is broken, or the record was deleted or changed downstream since"
+			} else if len(rep.Mismatched) > 0 {
+				rep.Note = "the probe found the effect with other values than the stored outcome: a response_body mapping reading the wrong field, or the record changed downstream since"
+			}
 			checks, err := reconcile.StoredChecks(ctx, pool)
 			if err != nil {
 				return err
@@ -315,6 +323,9 @@ func printProbeRun(w io.Writer, rep probeRunReport) {
 				row("", "the probe's fields match the stored outcome")
 			}
 		}
+	}
+	if rep.Note != "" {
+		row("note", "%s", rep.Note)
 	}
 	row("took", "%.1f ms", rep.DurationMS)
 	if c := rep.SelfCheck; c != nil {

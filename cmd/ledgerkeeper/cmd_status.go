@@ -224,7 +224,14 @@ func printStatus(a *app, st statusReport) {
 			if c.Blocking && !c.Disabled {
 				fmt.Fprintln(w, "    no key of this tool changes state until a check passes (the next pass checks again)")
 				for _, f := range c.Failed {
-					fmt.Fprintf(w, "    %s (want %s): got %s %s\n", f.Key, f.Expect, f.Verdict, oneLine(strings.Join(append(mismatchNote(f.Mismatched), f.Error), " "), 160))
+					line := fmt.Sprintf("    %s (want %s): got %s", f.Key, f.Expect, f.Verdict)
+					if len(f.Mismatched) > 0 {
+						line += ", fields differ from the stored outcome: " + strings.Join(f.Mismatched, ", ")
+					}
+					if f.Error != "" {
+						line += ": " + oneLine(f.Error, 160)
+					}
+					fmt.Fprintln(w, line)
 				}
 			}
 			if c.PresentUnverified {
@@ -301,11 +308,4 @@ func (a *app) probeChecks(ctx context.Context, db ledger.DBTX) ([]probeCheckStat
 		out = append(out, pc)
 	}
 	return out, nil
-}
-
-func mismatchNote(fields []string) []string {
-	if len(fields) == 0 {
-		return nil
-	}
-	return []string{"(fields differ from the stored outcome: " + strings.Join(fields, ", ") + ")"}
 }

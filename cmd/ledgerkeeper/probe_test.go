@@ -200,6 +200,7 @@ func TestProbeRun(t *testing.T) {
 	stuckKey(t, db, "create_ticket", "k-proc", time.Minute)
 	tr.create("k-proc", "T-2")
 	stuckKey(t, db, "refund_payment", "k-refund", time.Minute)
+	completedKey(t, db, "create_ticket", "k-gone", "T-3") // its ticket deleted downstream since
 	before := snapshot(t, db)
 
 	noSecret := func(what, out, stderr string) {
@@ -233,6 +234,12 @@ func TestProbeRun(t *testing.T) {
 	}
 	if !tr.sawQueryContaining("api_key=" + probeSecret) {
 		t.Fatal("the downstream did not get the real token: the probe asked something else")
+	}
+
+	// A completed key the probe does not find: said to be worth a look.
+	code, out, stderr = cli(t, "probe", "run", "k-gone", "--config", cfg, "--database-url", url)
+	if code != 0 || !says(out, "verdict not_found") || !strings.Contains(out, "the ledger holds this key's outcome, so its effect exists") || strings.Contains(out, "would store") {
+		t.Fatalf("probe run of a completed key not found downstream: %d\n%s\n%s", code, out, stderr)
 	}
 
 	// A processing key, --json (flags after the key): one document.
