@@ -544,3 +544,42 @@ func TestProbeOnDemoConfig(t *testing.T) {
 	}
 	t.Logf("probe run on the demo's configuration:\n%s", out)
 }
+
+// `probe run` and `probe check` with an sql probe on a real downstream
+// PostgreSQL: the query and its arguments are shown, the row is the
+// outcome it would store, a field that differs from the stored outcome is
+// named; the downstream's DSN never appears.
+func TestProbeRunAndCheckSQL(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	down := pgtest.NewEmpty(t)
+	down.Exec(t, `CREATE TABLE charges (id text PRIMARY KEY, idempotency_key text NOT NULL, amount_cents bigint NOT NULL)`)
+	down.Exec(t, `INSERT INTO charges VALUES ('ch_1', 'k-1', 1200), ('ch_2', 'k-2', 500)`)
+	cfg := sqlProbeConfig(t, down.URL, "SELECT id AS charge_id, amount_cents FROM charges WHERE idempotency_key = $1", "[key]", "{}")
+	stuckKey(t, db, "charge_card", "k-1", time.Minute)
+	db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, status, response_code, response_body, created_at, claimed_at, updated_at, expires_at)
+		VALUES ('k-2', 'charge_card', 'h', 'completed', 200, '{"charge_id":"ch_2","amount_cents":499}', now() - interval '1 minute',
+			now() - interval '1 minute', now() - interval '50 seconds', now() + interval '1 day')`)
+	before := snapshot(t, db)
+
+	code, out, stderr := cli(t, "probe", "run", "k-1", "--config", cfg, "--database-url", db.URL)
+	if code != 0 || strings.Contains(out+stderr, down.URL) {
+		t.Fatalf("probe run with an sql probe: %d\n%s\n%s", code, out, stderr)
+	}
+	for _, want := range []string{"sql probe", "query SELECT id AS charge_id, amount_cents FROM charges WHERE idempotency_key = $1", "args key",
+		"verdict found", `would store response_code 200, response_body {"amount_cents":1200,"charge_id":"ch_1"}`} {
+		if !says(out, want) {
+			t.Errorf("probe run lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, _ = cli(t, "probe", "run", "k-2", "--config", cfg, "--database-url", db.URL)
+	if code != 0 || !says(out, "DIFFERS from what the probe found in: amount_cents") {
+		t.Errorf("probe run of a completed key whose amount changed downstream: %d\n%s", code, out)
+	}
+	// One sample of one drawn, failing on its value: untrusted.
+	code, out, _ = cli(t, "probe", "check", "--config", cfg, "--database-url", db.URL)
+	if code != 1 || !says(out, "charge_card: UNTRUSTED") || !says(out, "k-2 found found NO amount_cents") {
+		t.Errorf("probe check of an sql probe whose sample differs: %d\n%s", code, out)
+	}
+	sameSnapshot(t, "probe run/check with an sql probe", before, snapshot(t, db))
+}
