@@ -348,4 +348,3 @@ func TestSelfCheckInconclusiveWhenDownstreamDown(t *testing.T) {
 		t.Fatal("the check's unanswered probes were not counted by the breaker")
 	}
 }
-

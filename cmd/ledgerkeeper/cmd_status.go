@@ -17,15 +17,15 @@ import (
 
 // statusReport is `ledgerkeeper status`'s document.
 type statusReport struct {
-	At       time.Time             `json:"at"`
-	Tools    []toolStatus          `json:"tools"`
-	Holds    []ledger.Hold         `json:"holds"`
-	Breakers []reconcile.Breaker   `json:"circuit_breakers"`
+	At       time.Time           `json:"at"`
+	Tools    []toolStatus        `json:"tools"`
+	Holds    []ledger.Hold       `json:"holds"`
+	Breakers []reconcile.Breaker `json:"circuit_breakers"`
 	// ProbeChecks are the tools' stored probe self-checks.
-	ProbeChecks []probeCheckStatus `json:"probe_self_checks"`
-	Alerts   alerts.DeliveryHealth `json:"alerts"`
-	LastRuns []ledger.Run          `json:"last_runs"`
-	Warnings []string              `json:"warnings"`
+	ProbeChecks []probeCheckStatus    `json:"probe_self_checks"`
+	Alerts      alerts.DeliveryHealth `json:"alerts"`
+	LastRuns    []ledger.Run          `json:"last_runs"`
+	Warnings    []string              `json:"warnings"`
 }
 
 type toolStatus struct {
