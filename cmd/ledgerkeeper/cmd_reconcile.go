@@ -131,9 +131,18 @@ func printReconcile(w io.Writer, rep reconcile.Report, delivery *alerts.Report) 
 	if rep.DryRun {
 		verb = "Dry run (nothing written, nothing posted):"
 	}
-	if len(rep.Keys) == 0 {
+	held := 0 // tools whose due keys this pass left alone (breaker, untrusted probe)
+	for _, t := range rep.Tools {
+		if t.Untrusted || t.BreakerOpen {
+			held++
+		}
+	}
+	switch {
+	case len(rep.Keys) == 0 && held > 0:
+		fmt.Fprintf(w, "%s no key in %s: %d tool(s) left alone, their keys unchanged (see below).\n", verb, rep.Duration.Round(time.Millisecond), held)
+	case len(rep.Keys) == 0:
 		fmt.Fprintf(w, "%s no due keys in %s.\n", verb, rep.Duration.Round(time.Millisecond))
-	} else {
+	default:
 		fmt.Fprintf(w, "%s %d key(s) in %s: %s.\n", verb, len(rep.Keys), rep.Duration.Round(time.Millisecond), summarize(rep.Actions))
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "\nTOOL\tKEY\tAGE\tATTEMPTS\tVERDICT\tACTION\tDETAIL")
