@@ -14,7 +14,6 @@ import (
 	mrand "math/rand/v2"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -1075,11 +1074,20 @@ func (p *pass) commitPlans(ctx context.Context, plans []*plan) error {
 }
 
 // evidenceRefused reports whether the database refused a write because of
-// the text it carried: invalid encoding (class 22: 22021, 22P05, ...) or a
-// value too large (54000).
+// the text it carried: a character it cannot store (22021, 22P05: invalid
+// UTF-8, NUL, \u0000 in jsonb), a text that is not what its column holds
+// (22P02), one too long (22001) or a value too large (54000). Other errors
+// are retried as they are.
 func evidenceRefused(err error) bool {
 	pe, ok := errors.AsType[*pgconn.PgError](err)
-	return ok && (strings.HasPrefix(pe.Code, "22") || pe.Code == "54000")
+	if !ok {
+		return false
+	}
+	switch pe.Code {
+	case "22021", "22P05", "22P02", "22001", "54000":
+		return true
+	}
+	return false
 }
 
 func refusedCode(err error) string {

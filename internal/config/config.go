@@ -125,8 +125,8 @@ type Reconcile struct {
 }
 
 // Breaker opens a tool's circuit after Failures consecutive unknown verdicts
-// in a pass; probing that tool pauses for Cooldown, doubling per re-open up
-// to MaxCooldown.
+// (counted across passes and replicas); probing that tool pauses for
+// Cooldown, doubling per re-open up to MaxCooldown.
 type Breaker struct {
 	Failures    int      `yaml:"failures" json:"failures"`
 	Cooldown    Duration `yaml:"cooldown" json:"cooldown"`
@@ -474,6 +474,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Retention.DutyCycle <= 0 || c.Retention.DutyCycle > 1 {
 		add(c.errAt("retention.duty_cycle", "must be in (0, 1], got %v", c.Retention.DutyCycle))
+	}
+	if c.Reconcile.Breaker.MaxCooldown < c.Reconcile.Breaker.Cooldown {
+		add(c.errAt("reconcile.breaker.max_cooldown", "must not be shorter than reconcile.breaker.cooldown (%s)", c.Reconcile.Breaker.Cooldown))
 	}
 	if c.Reconcile.BackoffMax < c.Reconcile.BackoffBase {
 		add(c.errAt("reconcile.backoff_max", "must not be shorter than reconcile.backoff_base (%s)", c.Reconcile.BackoffBase))

@@ -131,6 +131,9 @@ func TestParseErrors(t *testing.T) {
 		{"json pointer sql mapping", "tools:\n  t:\n    probe:\n      type: sql\n      database_url: postgres://x/y\n      query: select 1\n      response_body: {id: /details/id}\n", `lk.yaml:7: tools.t.probe.response_body.id: "/details/id" is a JSON Pointer; paths here are dotted: write "details.id"`},
 		{"sql delete", "tools:\n  t:\n    probe:\n      type: sql\n      database_url: postgres://x/y\n      query: DELETE FROM charges\n", `lk.yaml:6: tools.t.probe.query: query starts with "DELETE": a probe runs one SELECT`},
 		{"sql simple protocol", "tools:\n  t:\n    probe:\n      type: sql\n      database_url: \"postgres://u:s3cret@h/db?default_query_exec_mode=simple_protocol\"\n      query: select 1\n", `lk.yaml:5: tools.t.probe.database_url: database_url sets default_query_exec_mode=simple_protocol, which probes refuse`},
+		{"cooldown above max", "reconcile:\n  breaker:\n    cooldown: 1h\n", `lk.yaml:2: reconcile.breaker.max_cooldown: must not be shorter than reconcile.breaker.cooldown (1h0m0s)`},
+		{"too many self-check samples", "self_check:\n  samples: 50\n", `lk.yaml:2: self_check.samples: at most 20`},
+		{"negative self-check samples", "self_check:\n  samples: -1\n", `lk.yaml:2: self_check.samples: must be positive`},
 		{"invalid yaml", "reconcile:\n  grace: [\n", `lk.yaml:`},
 		{"duplicate key", "reconcile:\n  grace: 1s\n  grace: 2s\n", `reconcile.grace`},
 	}
