@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -41,3 +42,63 @@ LIMIT $3`
 // completion (its outcome came from the probe being checked) and an
 // operator's resolution.
 var notGroundTruthActions = []string{"completed", "operator_completed", "operator_marked_retryable"}
+
+// SelfCheckRecord is a tool's latest probe self-check, as stored in
+// probe_self_checks and shared by every replica.
+type SelfCheckRecord struct {
+	Tool          string
+	Outcome       string
+	Fingerprint   string
+	Samples       int
+	PresentFailed int
+	AbsentVerdict string
+	// Disagreements accumulates over the row's life (PutSelfCheck adds).
+	Disagreements int
+	Summary       string
+	Evidence      json.RawMessage
+	Actor         string
+	CheckedAt     time.Time
+	// Now is the database's clock when read.
+	Now time.Time
+}
+
+const selfCheckColumns = `tool, outcome, fingerprint, samples, present_failed, absent_verdict, disagreements,
+	summary, evidence, actor, checked_at, now()`
+
+func scanSelfCheck(row pgx.Row) (SelfCheckRecord, error) {
+	var r SelfCheckRecord
+	err := row.Scan(&r.Tool, &r.Outcome, &r.Fingerprint, &r.Samples, &r.PresentFailed, &r.AbsentVerdict, &r.Disagreements,
+		&r.Summary, &r.Evidence, &r.Actor, &r.CheckedAt, &r.Now)
+	return r, err
+}
+
+// GetSelfCheck reads a tool's latest self-check (ErrNotFound if none).
+func GetSelfCheck(ctx context.Context, db DBTX, tool string) (SelfCheckRecord, error) {
+	r, err := scanSelfCheck(db.QueryRow(ctx, `SELECT `+selfCheckColumns+` FROM probe_self_checks WHERE tool = $1`, tool))
+	return r, wrap(fmt.Sprintf("read self-check of tool %q", tool), err)
+}
+
+// SelfChecks lists every tool's latest self-check, in one statement.
+func SelfChecks(ctx context.Context, db DBTX) ([]SelfCheckRecord, error) {
+	rows, err := db.Query(ctx, `SELECT `+selfCheckColumns+` FROM probe_self_checks ORDER BY tool`)
+	if err != nil {
+		return nil, wrap("list self-checks", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SelfCheckRecord, error) { return scanSelfCheck(r) })
+	return out, wrap("list self-checks", err)
+}
+
+// PutSelfCheck stores a tool's latest self-check (adding its disagreements
+// to the row's count) inside tx.
+func PutSelfCheck(ctx context.Context, tx pgx.Tx, r SelfCheckRecord) error {
+	_, err := tx.Exec(ctx, `INSERT INTO probe_self_checks AS c (tool, outcome, fingerprint, samples, present_failed, absent_verdict,
+			disagreements, summary, evidence, actor, checked_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now())
+		ON CONFLICT (tool) DO UPDATE SET outcome = excluded.outcome, fingerprint = excluded.fingerprint,
+			samples = excluded.samples, present_failed = excluded.present_failed, absent_verdict = excluded.absent_verdict,
+			disagreements = c.disagreements + excluded.disagreements, summary = excluded.summary,
+			evidence = excluded.evidence, actor = excluded.actor, checked_at = now()`,
+		r.Tool, r.Outcome, r.Fingerprint, r.Samples, r.PresentFailed, r.AbsentVerdict, r.Disagreements,
+		r.Summary, []byte(r.Evidence), r.Actor)
+	return wrap(fmt.Sprintf("record self-check of tool %q", r.Tool), err)
+}

@@ -22,11 +22,11 @@ func (t *toolRun) admit(ctx context.Context, lp ledger.LeaseParams) (bool, error
 	if err != nil || len(due) == 0 {
 		return false, err
 	}
-	br, err := loadBreaker(ctx, p.e.pool, t.tool)
+	br, err := ledger.LoadBreaker(ctx, p.e.pool, t.tool)
 	if err != nil {
 		return false, err
 	}
-	if br.open() {
+	if br.Open() {
 		t.mu.Lock()
 		t.open, t.openUntil = true, br.OpenUntil
 		t.note = fmt.Sprintf("circuit breaker open until %s: probing paused", br.OpenUntil.UTC().Format(time.RFC3339))
@@ -34,9 +34,9 @@ func (t *toolRun) admit(ctx context.Context, lp ledger.LeaseParams) (bool, error
 		return false, nil
 	}
 	t.consecutive = br.Consecutive
-	if br.halfOpen() {
+	if br.HalfOpen() {
 		if !p.opts.DryRun {
-			ok, err := claimTrial(ctx, p.e.pool, t.tool, p.e.cfg.Lease)
+			ok, err := ledger.ClaimBreakerTrial(ctx, p.e.pool, t.tool, p.e.cfg.Lease)
 			if err != nil {
 				return false, err
 			}

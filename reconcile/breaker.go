@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -27,64 +26,13 @@ import (
 // Only unknown verdicts of a tool that has a probe count: no_probe is not a
 // probe failure.
 
-// breakerState is a tool's persisted circuit breaker.
-type breakerState struct {
-	Consecutive int
-	Opens       int
-	OpenUntil   *time.Time
-	TrialUntil  *time.Time
-	Now         time.Time // the database's clock when read
-}
-
-func (b breakerState) open() bool { return b.OpenUntil != nil && b.OpenUntil.After(b.Now) }
-
-// halfOpen: it has opened and its cooldown is over.
-func (b breakerState) halfOpen() bool { return b.Opens > 0 && !b.open() }
-
-func loadBreaker(ctx context.Context, db ledger.DBTX, tool string) (breakerState, error) {
-	var b breakerState
-	err := db.QueryRow(ctx, `SELECT coalesce(consecutive_failures, 0), coalesce(opens, 0), open_until, trial_until, now()
-		FROM (SELECT 1) one LEFT JOIN tool_breakers ON tool = $1`, tool).Scan(&b.Consecutive, &b.Opens, &b.OpenUntil, &b.TrialUntil, &b.Now)
-	if err != nil {
-		return b, fmt.Errorf("read circuit breaker of tool %q: %w", tool, err)
-	}
-	return b, nil
-}
-
-// claimTrial makes this pass the one that sends a half-open breaker's trial
-// probe; false when another replica's trial is under way.
-func claimTrial(ctx context.Context, db ledger.DBTX, tool string, lease time.Duration) (bool, error) {
-	tag, err := db.Exec(ctx, `UPDATE tool_breakers SET trial_until = now() + $2::interval, updated_at = now()
-		WHERE tool = $1 AND opens > 0 AND open_until <= now() AND (trial_until IS NULL OR trial_until <= now())`, tool, lease)
-	if err != nil {
-		return false, fmt.Errorf("claim the half-open trial of tool %q: %w", tool, err)
-	}
-	return tag.RowsAffected() == 1, nil
-}
-
 // Breaker is a tool's circuit breaker as `status` shows it.
-type Breaker struct {
-	Tool        string     `json:"tool"`
-	Opens       int        `json:"opens"`
-	OpenUntil   *time.Time `json:"open_until,omitempty"`
-	Open        bool       `json:"open"`
-	LastError   string     `json:"last_error,omitempty"`
-	Consecutive int        `json:"consecutive_failures"`
-}
+type Breaker = ledger.Breaker
 
 // Breakers lists tools whose breaker has opened and not closed since, or
 // that are counting failures towards opening it.
 func Breakers(ctx context.Context, db ledger.DBTX) ([]Breaker, error) {
-	rows, err := db.Query(ctx, `SELECT tool, opens, open_until, coalesce(open_until > now(), false), coalesce(last_error, ''), consecutive_failures
-		FROM tool_breakers WHERE opens > 0 OR consecutive_failures > 0 ORDER BY tool`)
-	if err != nil {
-		return nil, fmt.Errorf("list circuit breakers: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Breaker])
-	if err != nil {
-		return nil, fmt.Errorf("list circuit breakers: %w", err)
-	}
-	return out, nil
+	return ledger.Breakers(ctx, db)
 }
 
 // verdictCount is what one transaction tells a tool's breaker.
@@ -114,42 +62,27 @@ func (e *Engine) countVerdicts(ctx context.Context, tx pgx.Tx, vc verdictCount) 
 	var ch breakerChange
 	cfg := e.cfg
 	if vc.conclusive {
-		var opens int
-		err := tx.QueryRow(ctx, `SELECT opens FROM tool_breakers
-			WHERE tool = $1 AND (consecutive_failures > 0 OR opens > 0) FOR UPDATE`, vc.tool).Scan(&opens)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-		case err != nil:
-			return ch, fmt.Errorf("read circuit breaker of tool %q: %w", vc.tool, err)
-		default:
-			if _, err := tx.Exec(ctx, `UPDATE tool_breakers SET consecutive_failures = 0, opens = 0, open_until = NULL,
-				trial_until = NULL, updated_at = now() WHERE tool = $1`, vc.tool); err != nil {
-				return ch, fmt.Errorf("reset circuit breaker of tool %q: %w", vc.tool, err)
-			}
-			if opens > 0 {
-				ch.closed = true
-				if _, err := alerts.ResolveToolReason(ctx, tx, vc.tool, alerts.ReasonDownstreamUnreachable,
-					"probes answer again: circuit breaker closed"); err != nil {
-					return ch, err
-				}
+		closed, err := ledger.ResetBreaker(ctx, tx, vc.tool)
+		if err != nil {
+			return ch, err
+		}
+		if closed {
+			ch.closed = true
+			if _, err := alerts.ResolveToolReason(ctx, tx, vc.tool, alerts.ReasonDownstreamUnreachable,
+				"probes answer again: circuit breaker closed"); err != nil {
+				return ch, err
 			}
 		}
 	}
 	if vc.unknowns == 0 {
 		return ch, nil
 	}
-	var b breakerState
-	err := tx.QueryRow(ctx, `INSERT INTO tool_breakers AS b (tool, consecutive_failures, last_error, updated_at)
-		VALUES ($1, $2, $3, now())
-		ON CONFLICT (tool) DO UPDATE SET consecutive_failures = b.consecutive_failures + excluded.consecutive_failures,
-			last_error = excluded.last_error, updated_at = now()
-		RETURNING consecutive_failures, opens, open_until, now()`, vc.tool, vc.unknowns, vc.lastErr).
-		Scan(&b.Consecutive, &b.Opens, &b.OpenUntil, &b.Now)
+	b, err := ledger.CountBreakerFailures(ctx, tx, vc.tool, vc.unknowns, vc.lastErr)
 	if err != nil {
-		return ch, fmt.Errorf("count failures of tool %q: %w", vc.tool, err)
+		return ch, err
 	}
 	ch.count = b.Consecutive
-	if b.open() {
+	if b.Open() {
 		ch.open, ch.until, ch.opens = true, *b.OpenUntil, b.Opens
 		return ch, nil
 	}
@@ -160,12 +93,8 @@ func (e *Engine) countVerdicts(ctx context.Context, tx pgx.Tx, vc verdictCount) 
 	if b.Consecutive < threshold {
 		return ch, nil
 	}
-	// Cooldown doubles per re-open: cooldown * 2^(opens so far), capped.
-	err = tx.QueryRow(ctx, `UPDATE tool_breakers SET opens = opens + 1, trial_until = NULL,
-			open_until = now() + least($2::interval * power(2, least(opens, 20)), $3::interval), updated_at = now()
-		WHERE tool = $1 RETURNING open_until, opens`, vc.tool, cfg.BreakerCooldown, cfg.BreakerMaxCooldown).Scan(&ch.until, &ch.opens)
-	if err != nil {
-		return ch, fmt.Errorf("open circuit breaker of tool %q: %w", vc.tool, err)
+	if ch.until, ch.opens, err = ledger.OpenBreaker(ctx, tx, vc.tool, cfg.BreakerCooldown, cfg.BreakerMaxCooldown); err != nil {
+		return ch, err
 	}
 	ch.opened, ch.open = true, true
 	// One alert per outage: a re-open while the first is unresolved is

@@ -27,23 +27,18 @@ func (p *pass) explainUntouched(ctx context.Context) {
 		}
 		win, hb := p.e.Windows(k.Tool)
 		why := "not due"
-		var inWindow, beating, leased, held bool
-		err = p.e.pool.QueryRow(ctx, `SELECT k.claimed_at > now() - $2::interval,
-				coalesce(k.heartbeat_at > now() - $3::interval, false),
-				coalesce((SELECT s.lease_expires_at > now() FROM reconcile_state s WHERE s.key = k.key AND s.claimed_at = k.claimed_at), false),
-				EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
-			FROM idempotency_keys k WHERE k.key = $1`, key, win, hb).Scan(&inWindow, &beating, &leased, &held)
+		st, err := ledger.KeyStanding(ctx, p.e.pool, key, win, hb)
 		switch {
 		case err != nil:
 		case k.Status != ledger.StatusProcessing:
 			why = "status is " + k.Status + ": nothing to reconcile"
-		case held:
+		case st.Held:
 			why = "on hold: release it first"
-		case inWindow:
+		case st.InWindow:
 			why = fmt.Sprintf("in flight: claimed less than its window + grace (%s) ago", win)
-		case beating:
+		case st.Beating:
 			why = "in flight: heartbeating"
-		case leased:
+		case st.Leased:
 			why = "leased by another reconciler right now"
 		case p.breakerOpen(k.Tool):
 			why = "its tool's circuit breaker is open"

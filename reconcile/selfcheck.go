@@ -368,48 +368,42 @@ func randomHex(n int) string {
 
 // storedCheck reads the latest check of tool.
 func storedCheck(ctx context.Context, db ledger.DBTX, tool string) (CheckResult, time.Time, bool, error) {
-	var r CheckResult
-	var now time.Time
-	var evidence []byte
-	err := db.QueryRow(ctx, `SELECT outcome, fingerprint, summary, disagreements, evidence, actor, checked_at, now()
-		FROM probe_self_checks WHERE tool = $1`, tool).Scan(&r.Outcome, &r.Fingerprint, &r.Summary, &r.Disagreements, &evidence, &r.Actor, &r.CheckedAt, &now)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return r, now, false, nil
+	rec, err := ledger.GetSelfCheck(ctx, db, tool)
+	if errors.Is(err, ledger.ErrNotFound) {
+		return CheckResult{}, time.Time{}, false, nil
 	}
 	if err != nil {
-		return r, now, false, fmt.Errorf("read self-check of tool %q: %w", tool, err)
+		return CheckResult{}, time.Time{}, false, err
 	}
-	r.Tool, r.Cached = tool, true
-	var ev struct {
-		Samples []SampleCheck `json:"samples"`
-		Absent  SampleCheck   `json:"absent"`
-	}
-	if json.Unmarshal(evidence, &ev) == nil {
+	return fromRecord(rec), rec.Now, true, nil
+}
+
+func fromRecord(rec ledger.SelfCheckRecord) CheckResult {
+	r := CheckResult{Tool: rec.Tool, Outcome: rec.Outcome, Fingerprint: rec.Fingerprint, Summary: rec.Summary,
+		Disagreements: rec.Disagreements, Actor: rec.Actor, CheckedAt: rec.CheckedAt, Cached: true}
+	var ev checkEvidence
+	if json.Unmarshal(rec.Evidence, &ev) == nil {
 		r.Samples, r.Absent = ev.Samples, ev.Absent
 	}
 	r.PresentUnverified = len(r.Samples) == 0
-	return r, now, true, nil
+	return r
+}
+
+// checkEvidence is what probe_self_checks.evidence holds.
+type checkEvidence struct {
+	Samples []SampleCheck `json:"samples"`
+	Absent  SampleCheck   `json:"absent"`
 }
 
 // StoredChecks lists every tool's latest self-check, for `status`.
 func StoredChecks(ctx context.Context, db ledger.DBTX) ([]CheckResult, error) {
-	rows, err := db.Query(ctx, `SELECT tool FROM probe_self_checks ORDER BY tool`)
+	recs, err := ledger.SelfChecks(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("list self-checks: %w", err)
+		return nil, err
 	}
-	tools, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("list self-checks: %w", err)
-	}
-	out := make([]CheckResult, 0, len(tools))
-	for _, t := range tools {
-		r, _, ok, err := storedCheck(ctx, db, t)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			out = append(out, r)
-		}
+	out := make([]CheckResult, len(recs))
+	for i, rec := range recs {
+		out[i] = fromRecord(rec)
 	}
 	return out, nil
 }
@@ -418,10 +412,7 @@ func StoredChecks(ctx context.Context, db ledger.DBTX) ([]CheckResult, error) {
 // raises or resolves the probe_untrusted alert, in one transaction.
 func (e *Engine) recordCheck(ctx context.Context, r CheckResult) (breakerChange, error) {
 	var ch breakerChange
-	evidence, err := json.Marshal(struct {
-		Samples []SampleCheck `json:"samples"`
-		Absent  SampleCheck   `json:"absent"`
-	}{r.Samples, r.Absent})
+	evidence, err := json.Marshal(checkEvidence{r.Samples, r.Absent})
 	if err != nil {
 		return ch, fmt.Errorf("encode self-check evidence: %w", err)
 	}
@@ -437,17 +428,11 @@ func (e *Engine) recordCheck(ctx context.Context, r CheckResult) (breakerChange,
 	}
 	write := func(evidence []byte) error {
 		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO probe_self_checks AS c (tool, outcome, fingerprint, samples, present_failed, absent_verdict,
-					disagreements, summary, evidence, actor, checked_at)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now())
-				ON CONFLICT (tool) DO UPDATE SET outcome = excluded.outcome, fingerprint = excluded.fingerprint,
-					samples = excluded.samples, present_failed = excluded.present_failed, absent_verdict = excluded.absent_verdict,
-					disagreements = c.disagreements + excluded.disagreements, summary = excluded.summary,
-					evidence = excluded.evidence, actor = excluded.actor, checked_at = now()`,
-				r.Tool, r.Outcome, r.Fingerprint, len(r.Samples), failedCount(r), r.Absent.Verdict, r.Disagreements,
-				r.Summary, evidence, r.Actor)
+			err := ledger.PutSelfCheck(ctx, tx, ledger.SelfCheckRecord{Tool: r.Tool, Outcome: r.Outcome, Fingerprint: r.Fingerprint,
+				Samples: len(r.Samples), PresentFailed: failedCount(r), AbsentVerdict: r.Absent.Verdict,
+				Disagreements: r.Disagreements, Summary: r.Summary, Evidence: evidence, Actor: r.Actor})
 			if err != nil {
-				return fmt.Errorf("record self-check of tool %q: %w", r.Tool, err)
+				return err
 			}
 			if ch, err = e.countVerdicts(ctx, tx, vc); err != nil {
 				return err
