@@ -64,7 +64,6 @@ type Daemon struct {
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
-	running map[string]bool
 	wg      sync.WaitGroup
 	started bool
 	stopped bool
@@ -82,8 +81,7 @@ func New(cfg Config) (*Daemon, error) {
 	parser := cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 	d := &Daemon{
 		cfg:     cfg,
-		cron:    cron.New(cron.WithParser(parser), cron.WithLogger(cron.DiscardLogger)),
-		running: map[string]bool{},
+		cron:    cron.New(cron.WithParser(parser), cron.WithLogger(&cronLogger{log: cfg.Logger})),
 		metrics: newJobMetrics(cfg.Registry),
 	}
 	for _, j := range cfg.Jobs {
@@ -122,15 +120,23 @@ func (d *Daemon) Start(ctx context.Context) error {
 		}()
 	}
 	for _, j := range d.cfg.Jobs {
-		if _, err := d.cron.AddFunc(j.Spec, func() { d.runJob(runCtx, j) }); err != nil {
+		// One chain per job, so that each job's logger adapter counts its
+		// own skips. SkipIfStillRunning stands outside Recover: a panic is
+		// recovered before it could unwind past SkipIfStillRunning, which
+		// would then never give its run token back and skip the job forever.
+		log := &cronLogger{log: d.cfg.Logger.With("job", j.Name), skipped: d.metrics.skipped.WithLabelValues(j.Name)}
+		job := cron.NewChain(cron.SkipIfStillRunning(log), cron.Recover(log)).Then(cron.FuncJob(func() { d.runJob(runCtx, j) }))
+		if _, err := d.cron.AddJob(j.Spec, job); err != nil {
 			cancel()
 			return err
 		}
 		if d.cfg.RunAtStart {
+			// The same wrapped job as the schedule's: a tick during this
+			// run is skipped and counted like any other.
 			d.wg.Add(1)
 			go func() {
 				defer d.wg.Done()
-				d.runJob(runCtx, j)
+				job.Run()
 			}()
 		}
 	}
@@ -174,35 +180,27 @@ func (d *Daemon) Stop() {
 	d.cfg.Logger.Info("ledgerkeeper stopped")
 }
 
+// runJob runs j once with its timeout and records the result. It runs
+// inside robfig/cron's SkipIfStillRunning and Recover wrappers: overlap and
+// panics are theirs to handle; a panic still counts here as an error run
+// (the deferred record runs while the panic unwinds to Recover, which logs
+// it with its stack).
 func (d *Daemon) runJob(ctx context.Context, j Job) {
-	d.mu.Lock()
-	if d.running[j.Name] {
-		d.mu.Unlock()
-		d.metrics.skipped.WithLabelValues(j.Name).Inc()
-		d.cfg.Logger.Debug("previous run still going; tick skipped", "job", j.Name)
-		return
-	}
-	d.running[j.Name] = true
-	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		d.running[j.Name] = false
-		d.mu.Unlock()
-	}()
 	if ctx.Err() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(j.Timeout, 10*time.Minute))
 	defer cancel()
 	start := time.Now()
-	err := func() (err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				err = fmt.Errorf("panic: %v", r)
-			}
-		}()
-		return j.Run(ctx)
+	returned := false
+	defer func() {
+		if !returned { // panicking
+			d.metrics.duration.WithLabelValues(j.Name).Observe(time.Since(start).Seconds())
+			d.metrics.runs.WithLabelValues(j.Name, "error").Inc()
+		}
 	}()
+	err := j.Run(ctx)
+	returned = true
 	d.metrics.duration.WithLabelValues(j.Name).Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
@@ -215,6 +213,36 @@ func (d *Daemon) runJob(ctx context.Context, j Job) {
 		d.metrics.runs.WithLabelValues(j.Name, "error").Inc()
 		d.cfg.Logger.Error("job failed", "job", j.Name, "err", err)
 	}
+}
+
+// cronLogger adapts slog to cron.Logger for one job's wrappers (and, with
+// skipped nil, for the scheduler itself). cron's routine messages go to
+// Debug. SkipIfStillRunning reports a skipped tick only by logging "skip",
+// so that message is also what counts it; TestJobNeverOverlapsItself
+// fails if a cron release changes it.
+type cronLogger struct {
+	log     *slog.Logger
+	skipped prometheus.Counter
+}
+
+// Info logs cron's routine messages at Debug and counts skipped ticks.
+func (l *cronLogger) Info(msg string, keysAndValues ...any) {
+	if msg == "skip" && l.skipped != nil {
+		l.skipped.Inc()
+		l.log.Debug("previous run still going; tick skipped")
+		return
+	}
+	l.log.Debug("cron: "+msg, keysAndValues...)
+}
+
+// Error logs cron's errors; from Recover, a job's panic with its stack.
+func (l *cronLogger) Error(err error, msg string, keysAndValues ...any) {
+	if msg == "panic" {
+		msg = "job panicked"
+	} else {
+		msg = "cron: " + msg
+	}
+	l.log.Error(msg, append([]any{"err", err}, keysAndValues...)...)
 }
 
 func (d *Daemon) handler() http.Handler {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -189,4 +191,97 @@ func TestBadSpecAndBusyPort(t *testing.T) {
 		t.Fatalf("busy port: %v", err)
 	}
 	b.Stop()
+}
+
+// recordHandler keeps every log record, for tests that assert on logs.
+type recordHandler struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (h *recordHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordHandler) WithGroup(string) slog.Handler            { return h }
+func (h *recordHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &attrHandler{h: h, attrs: as}
+}
+func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.records = append(h.records, r.Clone())
+	return nil
+}
+
+// find returns the attributes of the first record with msg, or nil.
+func (h *recordHandler) find(msg string) map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.records {
+		if r.Message != msg {
+			continue
+		}
+		attrs := map[string]string{}
+		r.Attrs(func(a slog.Attr) bool {
+			attrs[a.Key] = a.Value.String()
+			return true
+		})
+		return attrs
+	}
+	return nil
+}
+
+type attrHandler struct {
+	h     *recordHandler
+	attrs []slog.Attr
+}
+
+func (a *attrHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (a *attrHandler) WithGroup(string) slog.Handler            { return a }
+func (a *attrHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &attrHandler{h: a.h, attrs: append(append([]slog.Attr{}, a.attrs...), as...)}
+}
+func (a *attrHandler) Handle(ctx context.Context, r slog.Record) error {
+	r = r.Clone()
+	r.AddAttrs(a.attrs...)
+	return a.h.Handle(ctx, r)
+}
+
+// TestPanicRecoveredLoggedCounted: a job that panics is recovered by cron's
+// Recover, logged with its stack, counted as an error run, and runs again at
+// its next tick (a panic must not leave SkipIfStillRunning's token taken,
+// which would skip the job forever).
+func TestPanicRecoveredLoggedCounted(t *testing.T) {
+	logs := &recordHandler{}
+	var calls atomic.Int32
+	again := make(chan struct{}, 10)
+	d, err := New(Config{Logger: slog.New(logs), RunAtStart: true, Jobs: []Job{{Name: "flaky", Spec: "@every 1s", Run: func(context.Context) error {
+		if calls.Add(1) == 1 {
+			panic("bug in job")
+		}
+		again <- struct{}{}
+		return nil
+	}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Recv(t, again, testwait.Timeout) // the tick after the panic ran
+	stop(t, d)
+	if got := testutil.ToFloat64(d.metrics.runs.WithLabelValues("flaky", "error")); got != 1 {
+		t.Errorf("error runs = %v, want 1 (the panic)", got)
+	}
+	if got := testutil.ToFloat64(d.metrics.runs.WithLabelValues("flaky", "ok")); got < 1 {
+		t.Errorf("ok runs = %v, want the run after the panic counted", got)
+	}
+	if got := testutil.ToFloat64(d.metrics.skipped.WithLabelValues("flaky")); got != 0 {
+		t.Errorf("skipped = %v after a panic, want 0", got)
+	}
+	attrs := logs.find("job panicked")
+	if attrs == nil {
+		t.Fatal(`no "job panicked" log record`)
+	}
+	if attrs["job"] != "flaky" || attrs["err"] != "bug in job" || !strings.Contains(attrs["stack"], "daemon_test.go") {
+		t.Errorf("panic logged as %v, want job, err and the stack", attrs)
+	}
 }
