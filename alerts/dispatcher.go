@@ -3,13 +3,10 @@ package alerts
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -19,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/lease"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 )
@@ -335,9 +334,7 @@ func (d *Dispatcher) logFailures(failures map[FailureClass][]failure, rep Report
 // leaseToken is unique per pass, so marking a row is conditional on this
 // very claim: a pass whose lease was taken over marks nothing.
 func (d *Dispatcher) leaseToken() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s/%d-%s", d.cfg.Owner, d.passes.Add(1), hex.EncodeToString(b[:]))
+	return lease.Token(fmt.Sprintf("%s/%d", d.cfg.Owner, d.passes.Add(1)))
 }
 
 // now is the pinned clock's time, or nil for the database's now().
@@ -356,13 +353,7 @@ func (d *Dispatcher) delay(class FailureClass, attempts int, retryAfter time.Dur
 	if class == ClassPermanent {
 		return max(d.cfg.PermanentBackoff, retryAfter)
 	}
-	exp := d.cfg.BackoffMax
-	if attempts < 30 {
-		exp = min(d.cfg.BackoffBase<<attempts, d.cfg.BackoffMax)
-	}
-	half := exp / 2
-	jittered := half + time.Duration(mrand.Int64N(int64(half)+1))
-	return max(jittered, retryAfter)
+	return max(backoff.Delay(d.cfg.BackoffBase, d.cfg.BackoffMax, attempts, backoff.Jitter(0.5, 1)), retryAfter)
 }
 
 const sqlRetryPermanent = `UPDATE alert_outbox SET next_attempt_at = coalesce($1::timestamptz, now())
