@@ -1,10 +1,14 @@
 package exampletool_test
 
+// The contract tests of the example tool server: one ticket per key end to
+// end, under concurrency and after expiry; its crash hook (the demo's) and
+// its own 400 and sink-failure 500 against the caching rule. The tests of
+// ledger.Middleware itself (arguments, in flight, request validation,
+// heartbeats, ledger unavailable) are in ledger/middleware_test.go.
+
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -111,20 +115,6 @@ func TestSameKeyTwiceOneEffect(t *testing.T) {
 	}
 }
 
-// (b) same key, different body: 422, still one ticket.
-func TestSameKeyOtherBody(t *testing.T) {
-	t.Parallel()
-	b := setup(t, exampletool.Config{})
-	b.mustCall(t, "k", body)
-	got := b.mustCall(t, "k", `{"title": "something else", "account_id": "A-1029"}`)
-	if got.code != http.StatusUnprocessableEntity {
-		t.Fatalf("code = %d %s", got.code, got.raw)
-	}
-	if n := b.tickets(t); n != 1 {
-		t.Fatalf("tickets = %d", n)
-	}
-}
-
 // (c) 50 concurrent requests with one key, released through a gate: one
 // ticket; every other answer a 409 or a replay.
 func TestConcurrentSameKeyOneEffect(t *testing.T) {
@@ -191,35 +181,6 @@ func TestAfterExpiryNewExecution(t *testing.T) {
 	}
 }
 
-// (e) the client's deadline (100 ms) is shorter than the processing time
-// (400 ms): the retry lands mid-flight and gets 409, never a second ticket;
-// once the first attempt finishes, the retry gets its replay.
-func TestClientDeadlineShorterThanProcessing(t *testing.T) {
-	t.Parallel()
-	b := setup(t, exampletool.Config{Delay: 400 * time.Millisecond})
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	_, err := b.call(t, ctx, "slow", body)
-	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("first call should time out at the client, got %v", err)
-	}
-	retry := b.mustCall(t, "slow", body)
-	if retry.code != http.StatusConflict || retry.retry == "" {
-		t.Fatalf("retry = %d %q %s, want 409 with Retry-After", retry.code, retry.retry, retry.raw)
-	}
-	var last answer
-	testwait.Eventually(t, func() bool {
-		last = b.mustCall(t, "slow", body)
-		return last.code != http.StatusConflict
-	}, testwait.Timeout, "the first attempt to store its outcome (retries answered 409 until then)")
-	if last.code != http.StatusCreated || !last.env.IdempotentReplay {
-		t.Fatalf("final retry = %d %s", last.code, last.raw)
-	}
-	if n := b.tickets(t); n != 1 {
-		t.Fatalf("tickets = %d, want 1", n)
-	}
-}
-
 // (f) the handler crashes after the effect and before Complete: the key
 // stays processing with no stored response (the reconciler's input), and
 // retries get 409, not a second ticket.
@@ -277,96 +238,5 @@ func TestCachingRule(t *testing.T) {
 	k, _ = ledger.Get(context.Background(), b.db.Pool, "five")
 	if k.Status != ledger.StatusProcessing || k.ResponseCode != nil {
 		t.Fatalf("5xx row = %+v, want processing without outcome", k)
-	}
-}
-
-func TestRequestValidation(t *testing.T) {
-	t.Parallel()
-	b := setup(t, exampletool.Config{})
-	cases := []struct {
-		name, key, body string
-		want            int
-	}{
-		{"missing key", "", body, http.StatusBadRequest},
-		{"key too long", strings.Repeat("k", 129), body, http.StatusBadRequest},
-		{"not json", "k1", `title=x`, http.StatusBadRequest},
-		{"two json values", "k2", `{} {}`, http.StatusBadRequest},
-	}
-	for _, c := range cases {
-		if got := b.mustCall(t, c.key, c.body); got.code != c.want {
-			t.Errorf("%s: code = %d, want %d (%s)", c.name, got.code, c.want, got.raw)
-		}
-	}
-	// 128 bytes is fine.
-	if got := b.mustCall(t, strings.Repeat("k", 128), body); got.code != http.StatusCreated {
-		t.Errorf("128-byte key: %d %s", got.code, got.raw)
-	}
-	big := bytes.Repeat([]byte("x"), ledger.DefaultMaxRequestBytes+10)
-	if got := b.mustCall(t, "big", `{"title":"`+string(big)+`"}`); got.code != http.StatusRequestEntityTooLarge {
-		t.Errorf("big body: %d", got.code)
-	}
-	if n := b.db.Count(t, "idempotency_keys"); n != 1 {
-		t.Fatalf("keys = %d, want 1 (only the valid request claims)", n)
-	}
-}
-
-// A long handler that heartbeats keeps its key's heartbeat_at fresh.
-func TestMiddlewareHeartbeats(t *testing.T) {
-	t.Parallel()
-	b := setup(t, exampletool.Config{Delay: 300 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		b.mustCall(t, "beat", body)
-	}()
-	testwait.Eventually(t, func() bool {
-		k, err := ledger.Get(context.Background(), b.db.Pool, "beat")
-		return err == nil && k.HeartbeatAt != nil
-	}, testwait.Timeout, "a heartbeat recorded while the handler runs")
-	testwait.Recv(t, done, testwait.Timeout)
-}
-
-// The ledger going away mid-request: 503, and no ticket is created.
-func TestLedgerUnavailable(t *testing.T) {
-	t.Parallel()
-	b := setup(t, exampletool.Config{})
-	b.db.Exec(t, `ALTER TABLE idempotency_keys RENAME TO idempotency_keys_gone`)
-	got := b.mustCall(t, "k", body)
-	if got.code != http.StatusServiceUnavailable {
-		t.Fatalf("code = %d %s", got.code, got.raw)
-	}
-	if n := b.tickets(t); n != 0 {
-		t.Fatalf("tickets = %d", n)
-	}
-}
-
-// The client gives up long before the handler finishes: the heartbeat goes
-// on while the handler runs, so the live attempt never looks dead.
-func TestHeartbeatOutlivesClient(t *testing.T) {
-	t.Parallel()
-	b := setup(t, exampletool.Config{Delay: 900 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond})
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	_, err := b.call(t, ctx, "abandoned", body)
-	cancel()
-	if err == nil {
-		t.Fatal("the client should have timed out")
-	}
-	first := time.Now()
-	var beats []time.Time
-	testwait.Eventually(t, func() bool {
-		k, err := ledger.Get(context.Background(), b.db.Pool, "abandoned")
-		if err == nil && k.Status == ledger.StatusCompleted {
-			return true
-		}
-		if err == nil && k.HeartbeatAt != nil && (len(beats) == 0 || !k.HeartbeatAt.Equal(beats[len(beats)-1])) {
-			beats = append(beats, *k.HeartbeatAt)
-		}
-		return false
-	}, testwait.Timeout, "the abandoned attempt to complete, heartbeating meanwhile")
-	if len(beats) < 3 || time.Since(first) < 300*time.Millisecond {
-		t.Fatalf("heartbeats after the client left: %d distinct values", len(beats))
-	}
-	if n := b.tickets(t); n != 1 {
-		t.Fatalf("tickets = %d", n)
 	}
 }

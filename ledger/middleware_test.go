@@ -1,0 +1,393 @@
+package ledger_test
+
+// The tests of Middleware itself, around a handler of their own whose
+// effects are counted in memory, on a real PostgreSQL ledger. The contract
+// tests of the example tool server (one ticket per key end to end, under
+// concurrency, after expiry) stay in internal/exampletool.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+)
+
+// mwTool is the handler behind the middleware: it records one effect per
+// run, then answers {"effect": N} with code, or 400 for a body whose "title"
+// is empty (a validation failure, which is a definitive outcome).
+type mwTool struct {
+	// code is the answer after the effect (default 201).
+	code int
+	// hold, when set, keeps every run waiting after its effect until
+	// release: a processing time the test ends itself, not a sleep.
+	hold     chan struct{}
+	holdOnce sync.Once
+	// afterEffect, when set, runs after the effect (tests panic here).
+	afterEffect func(key string)
+
+	mu      sync.Mutex
+	effects map[string]int
+	started chan string
+}
+
+func (h *mwTool) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	attempt, ok := ledger.AttemptFromContext(r.Context())
+	if !ok {
+		http.Error(w, "no attempt in the context", http.StatusInternalServerError)
+		return
+	}
+	var req struct {
+		Title *string `json:"title"`
+	}
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	if req.Title != nil && *req.Title == "" {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":"title is required"}`))
+		return
+	}
+	h.mu.Lock()
+	h.effects[attempt.Key]++
+	n := h.effects[attempt.Key]
+	h.mu.Unlock()
+	h.started <- attempt.Key
+	if h.afterEffect != nil {
+		h.afterEffect(attempt.Key)
+	}
+	if h.hold != nil {
+		<-h.hold // the work goes on whether or not the client still waits
+	}
+	code := h.code
+	if code == 0 {
+		code = http.StatusCreated
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]int{"effect": n})
+}
+
+// release ends every held run (once; again is a no-op).
+func (h *mwTool) release() { h.holdOnce.Do(func() { close(h.hold) }) }
+
+func (h *mwTool) effectsOf(key string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.effects[key]
+}
+
+func (h *mwTool) total() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, c := range h.effects {
+		n += c
+	}
+	return n
+}
+
+type mwBundle struct {
+	db   *pgtest.DB
+	srv  *httptest.Server
+	tool *mwTool
+}
+
+// mwSetup serves tool behind ledger.Middleware (tool name create_ticket) on
+// a fresh migrated ledger.
+func mwSetup(t *testing.T, tool *mwTool, cfg ledger.MiddlewareConfig) *mwBundle {
+	t.Helper()
+	db := pgtest.New(t)
+	tool.effects = map[string]int{}
+	tool.started = make(chan string, 100)
+	cfg.DB, cfg.Tool = db.Pool, "create_ticket"
+	srv := httptest.NewServer(ledger.Middleware(cfg, tool))
+	t.Cleanup(srv.Close)
+	if tool.hold != nil {
+		t.Cleanup(tool.release) // before srv.Close, which waits for the handlers
+	}
+	return &mwBundle{db: db, srv: srv, tool: tool}
+}
+
+type mwAnswer struct {
+	code     int
+	replayed string
+	retry    string
+	env      ledger.Envelope
+	raw      string
+}
+
+// call sends one request on a fresh connection.
+func (b *mwBundle) call(t *testing.T, ctx context.Context, key, body string) (mwAnswer, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.srv.URL, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set(ledger.HeaderIdempotencyKey, key)
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
+	if err != nil {
+		return mwAnswer{}, err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	a := mwAnswer{code: resp.StatusCode, replayed: resp.Header.Get(ledger.HeaderReplayed), retry: resp.Header.Get("Retry-After"), raw: string(raw)}
+	_ = json.Unmarshal(raw, &a.env)
+	return a, nil
+}
+
+func (b *mwBundle) mustCall(t *testing.T, key, body string) mwAnswer {
+	t.Helper()
+	a, err := b.call(t, context.Background(), key, body)
+	if err != nil {
+		t.Fatalf("call: %v", err)
+	}
+	return a
+}
+
+// callAbandoned sends a request and gives up once the handler has started
+// (the client's deadline was shorter than the processing time).
+func (b *mwBundle) callAbandoned(t *testing.T, key, body string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := b.call(t, ctx, key, body)
+		errc <- err
+	}()
+	testwait.Recv(t, b.tool.started, testwait.Timeout)
+	cancel()
+	if err := testwait.Recv(t, errc, testwait.Timeout); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the abandoned call should fail at the client, got %v", err)
+	}
+}
+
+const mwBody = `{"title": "SSO broken", "account_id": "A-1029"}`
+
+// Same key twice: the handler runs once; the second answer replays the
+// first's stored outcome, marked in the envelope and the header.
+func TestMiddlewareReplaysStoredOutcome(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{}, ledger.MiddlewareConfig{})
+	first := b.mustCall(t, "k", mwBody)
+	// Same arguments, other key order and whitespace: same fingerprint.
+	second := b.mustCall(t, "k", `{"account_id":"A-1029","title":"SSO broken"}`)
+	if first.code != http.StatusCreated || second.code != http.StatusCreated {
+		t.Fatalf("codes %d %d: %s / %s", first.code, second.code, first.raw, second.raw)
+	}
+	if n := b.tool.effectsOf("k"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+	if first.env.IdempotentReplay || first.replayed != "" || !second.env.IdempotentReplay || second.replayed != "true" {
+		t.Fatalf("replay flags: first %+v %q, second %+v %q", first.env, first.replayed, second.env, second.replayed)
+	}
+	if !first.env.OK || !second.env.OK || string(first.env.OriginalResponse) != string(second.env.OriginalResponse) {
+		t.Fatalf("envelopes differ: %s / %s", first.raw, second.raw)
+	}
+}
+
+// Same key, other arguments: 422, and the handler does not run again.
+func TestMiddlewareOtherArguments(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{}, ledger.MiddlewareConfig{})
+	b.mustCall(t, "k", mwBody)
+	got := b.mustCall(t, "k", `{"title": "something else", "account_id": "A-1029"}`)
+	if got.code != http.StatusUnprocessableEntity {
+		t.Fatalf("code = %d %s", got.code, got.raw)
+	}
+	if n := b.tool.total(); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+// The client gives up while the handler runs: its retry lands mid-flight and
+// gets 409 with Retry-After, never a second run; once the first attempt has
+// finished, the retry gets its replay.
+func TestMiddlewareInFlightThenReplay(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{hold: make(chan struct{})}, ledger.MiddlewareConfig{RetryAfter: 3 * time.Second})
+	b.callAbandoned(t, "slow", mwBody)
+	retry := b.mustCall(t, "slow", mwBody)
+	if retry.code != http.StatusConflict || retry.retry != "3" {
+		t.Fatalf("retry = %d Retry-After %q %s, want 409 with Retry-After 3", retry.code, retry.retry, retry.raw)
+	}
+	b.tool.release()
+	var last mwAnswer
+	testwait.Eventually(t, func() bool {
+		last = b.mustCall(t, "slow", mwBody)
+		return last.code != http.StatusConflict
+	}, testwait.Timeout, "the first attempt to store its outcome (retries answered 409 until then)")
+	if last.code != http.StatusCreated || !last.env.IdempotentReplay {
+		t.Fatalf("final retry = %d %s", last.code, last.raw)
+	}
+	if n := b.tool.effectsOf("slow"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+// The handler crashes after its effect and before the outcome is stored: the
+// key stays processing with no stored response (the reconciler's input) but
+// with its request body (the probes' input), and retries get 409, not a
+// second run.
+func TestMiddlewarePanicLeavesProcessing(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{afterEffect: func(key string) {
+		if key == "crash" {
+			panic(http.ErrAbortHandler) // net/http aborts the connection quietly
+		}
+	}}, ledger.MiddlewareConfig{})
+	if _, err := b.call(t, context.Background(), "crash", mwBody); err == nil {
+		t.Fatal("the crashed request should fail at the client")
+	}
+	k, err := ledger.Get(context.Background(), b.db.Pool, "crash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.Status != ledger.StatusProcessing || k.ResponseCode != nil || k.ResponseBody != nil {
+		t.Fatalf("row = %+v, want processing without outcome", k)
+	}
+	if string(k.RequestBody) == "" || k.Tool != "create_ticket" {
+		t.Fatalf("request body or tool not stored for probes: %+v", k)
+	}
+	retry := b.mustCall(t, "crash", mwBody)
+	if retry.code != http.StatusConflict {
+		t.Fatalf("retry = %d %s", retry.code, retry.raw)
+	}
+	if n := b.tool.effectsOf("crash"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+// A validation failure (4xx) is a definitive outcome: stored and replayed.
+// A 5xx is not: the key stays processing, never a cached 500.
+func TestMiddlewareCachingRule(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{}, ledger.MiddlewareConfig{})
+	bad := `{"title": ""}`
+	first := b.mustCall(t, "bad", bad)
+	second := b.mustCall(t, "bad", bad)
+	if first.code != http.StatusBadRequest || second.code != http.StatusBadRequest || !second.env.IdempotentReplay || second.env.OK {
+		t.Fatalf("4xx answers: %d %s / %d %s", first.code, first.raw, second.code, second.raw)
+	}
+	k, _ := ledger.Get(context.Background(), b.db.Pool, "bad")
+	if k.Status != ledger.StatusCompleted || k.ResponseCode == nil || *k.ResponseCode != 400 {
+		t.Fatalf("4xx row = %+v", k)
+	}
+
+	b5 := mwSetup(t, &mwTool{code: http.StatusInternalServerError}, ledger.MiddlewareConfig{})
+	if fail := b5.mustCall(t, "five", mwBody); fail.code != http.StatusInternalServerError {
+		t.Fatalf("code = %d %s", fail.code, fail.raw)
+	}
+	k, _ = ledger.Get(context.Background(), b5.db.Pool, "five")
+	if k.Status != ledger.StatusProcessing || k.ResponseCode != nil {
+		t.Fatalf("5xx row = %+v, want processing without outcome", k)
+	}
+}
+
+// The key header and the body are checked before anything is claimed.
+func TestMiddlewareRequestValidation(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{}, ledger.MiddlewareConfig{})
+	cases := []struct {
+		name, key, body string
+		want            int
+	}{
+		{"missing key", "", mwBody, http.StatusBadRequest},
+		{"key too long", strings.Repeat("k", 129), mwBody, http.StatusBadRequest},
+		{"not json", "k1", `title=x`, http.StatusBadRequest},
+		{"two json values", "k2", `{} {}`, http.StatusBadRequest},
+	}
+	for _, c := range cases {
+		if got := b.mustCall(t, c.key, c.body); got.code != c.want {
+			t.Errorf("%s: code = %d, want %d (%s)", c.name, got.code, c.want, got.raw)
+		}
+	}
+	// 128 bytes is fine.
+	if got := b.mustCall(t, strings.Repeat("k", 128), mwBody); got.code != http.StatusCreated {
+		t.Errorf("128-byte key: %d %s", got.code, got.raw)
+	}
+	big := bytes.Repeat([]byte("x"), ledger.DefaultMaxRequestBytes+10)
+	if got := b.mustCall(t, "big", `{"title":"`+string(big)+`"}`); got.code != http.StatusRequestEntityTooLarge {
+		t.Errorf("big body: %d", got.code)
+	}
+	if n := b.db.Count(t, "idempotency_keys"); n != 1 {
+		t.Fatalf("keys = %d, want 1 (only the valid request claims)", n)
+	}
+	if n := b.tool.total(); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+// A long handler that heartbeats keeps its key's heartbeat_at fresh.
+func TestMiddlewareHeartbeats(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{hold: make(chan struct{})}, ledger.MiddlewareConfig{HeartbeatInterval: 50 * time.Millisecond})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = b.call(t, context.Background(), "beat", mwBody)
+	}()
+	testwait.Eventually(t, func() bool {
+		k, err := ledger.Get(context.Background(), b.db.Pool, "beat")
+		return err == nil && k.HeartbeatAt != nil
+	}, testwait.Timeout, "a heartbeat recorded while the handler runs")
+	b.tool.release()
+	testwait.Recv(t, done, testwait.Timeout)
+}
+
+// The ledger going away: 503, and the handler never runs.
+func TestMiddlewareLedgerUnavailable(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{}, ledger.MiddlewareConfig{})
+	b.db.Exec(t, `ALTER TABLE idempotency_keys RENAME TO idempotency_keys_gone`)
+	got := b.mustCall(t, "k", mwBody)
+	if got.code != http.StatusServiceUnavailable {
+		t.Fatalf("code = %d %s", got.code, got.raw)
+	}
+	if n := b.tool.total(); n != 0 {
+		t.Fatalf("effects = %d, want 0", n)
+	}
+}
+
+// The client gives up long before the handler finishes: the heartbeat goes
+// on while the handler runs, so the live attempt never looks dead, and the
+// outcome is stored when it ends.
+func TestMiddlewareHeartbeatOutlivesClient(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{hold: make(chan struct{})}, ledger.MiddlewareConfig{HeartbeatInterval: 50 * time.Millisecond})
+	b.callAbandoned(t, "abandoned", mwBody)
+	var beats []time.Time
+	testwait.Eventually(t, func() bool {
+		k, err := ledger.Get(context.Background(), b.db.Pool, "abandoned")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k.Status != ledger.StatusProcessing {
+			t.Fatalf("key %s while its handler still runs", k.Status)
+		}
+		if k.HeartbeatAt != nil && (len(beats) == 0 || !k.HeartbeatAt.Equal(beats[len(beats)-1])) {
+			beats = append(beats, *k.HeartbeatAt)
+		}
+		return len(beats) >= 3
+	}, testwait.Timeout, "three heartbeats after the client left")
+	b.tool.release()
+	testwait.Eventually(t, func() bool {
+		k, err := ledger.Get(context.Background(), b.db.Pool, "abandoned")
+		return err == nil && k.Status == ledger.StatusCompleted
+	}, testwait.Timeout, "the abandoned attempt to store its outcome")
+	if n := b.tool.effectsOf("abandoned"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
