@@ -148,9 +148,11 @@ func TestKeyWaitingTooLongForASlotIsGivenBack(t *testing.T) {
 	ds.entered = make(chan string, 2)
 	stuck(t, db, "create_ticket", 2*time.Minute, "first")
 	stuck(t, db, "create_ticket", time.Minute, "second")
-	// Lease 4s, timeout 0.5s + margin 2s: a key may wait 1.5s for a slot.
+	// Lease 4s, timeout 1.5s + margin 2s: a key may wait 0.5s for a slot.
+	// (The engine holds every probe to its timeout, so the first probe
+	// keeps the slot for less than 1.5s.)
 	e := engine(t, db.Pool, reconcile.Config{Lease: 4 * time.Second, Tools: map[string]reconcile.Policy{
-		"create_ticket": {ProcessingWindow: time.Second, Concurrency: 1, ProbeTimeout: 500 * time.Millisecond, Probe: ds.probe(t)}}})
+		"create_ticket": {ProcessingWindow: time.Second, Concurrency: 1, ProbeTimeout: 1500 * time.Millisecond, Probe: ds.probe(t)}}})
 	done := make(chan reconcile.Report, 1)
 	go func() {
 		r, _ := e.Run(bg, reconcile.Options{})
@@ -160,9 +162,9 @@ func TestKeyWaitingTooLongForASlotIsGivenBack(t *testing.T) {
 		t.Fatalf("first probe for %q", k)
 	}
 	// Both keys were leased before "first" was probed; "second" waits for
-	// the one slot. The probe is held until it has waited 2s.
+	// the one slot. The probe is held until it has waited 1.1s.
 	entered := time.Now()
-	testwait.Eventually(t, func() bool { return time.Since(entered) > 2*time.Second }, testwait.Timeout, "2s to pass")
+	testwait.Eventually(t, func() bool { return time.Since(entered) > 1100*time.Millisecond }, testwait.Timeout, "1.1s to pass")
 	close(ds.gate)
 	rep := testwait.Recv(t, done, testwait.Timeout)
 	if ds.hitsOf("second") != 0 {

@@ -115,12 +115,12 @@ func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy) (CheckRe
 	var wg sync.WaitGroup
 	for i, s := range samples {
 		wg.Go(func() {
-			r := callProbe(ctx, pol.Probe, probes.Key{Key: s.Key, Tool: s.Tool, RequestBody: s.RequestBody, CreatedAt: s.CreatedAt, ClaimedAt: s.ClaimedAt})
+			r := pol.Probe.Probe(ctx, probes.Key{Key: s.Key, Tool: s.Tool, RequestBody: s.RequestBody, CreatedAt: s.CreatedAt, ClaimedAt: s.ClaimedAt})
 			res.Samples[i] = e.judgePresent(s, r)
 		})
 	}
 	wg.Go(func() {
-		r := callProbe(ctx, pol.Probe, absent)
+		r := pol.Probe.Probe(ctx, absent)
 		res.Absent = e.judgeAbsent(absent.Key, r)
 	})
 	wg.Wait()

@@ -31,7 +31,7 @@ func BuildProbes(ctx context.Context, cfg *config.Config, registry *probes.Regis
 		if pc == nil {
 			if registry != nil {
 				if p, ok := registry.Lookup(name); ok {
-					out[name] = probes.Guard(p, config.DefaultProbeTimeout)
+					out[name] = p
 				}
 			}
 			continue
@@ -84,8 +84,8 @@ func BuildProbes(ctx context.Context, cfg *config.Config, registry *probes.Regis
 			closers.Close()
 			return nil, nil, cfg.ErrorAt("tools."+name+".probe.type", "unknown probe type %q", pc.Type)
 		}
-		// Guard: a deadline, panics and garbage become unknown.
-		out[name] = probes.Guard(p, pc.Timeout.D())
+		// Not guarded here: reconcile.New guards every probe, once.
+		out[name] = p
 	}
 	return out, closers, nil
 }
@@ -109,8 +109,11 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 	for _, name := range cfg.ToolNames() {
 		pol := cfg.Policy(name)
 		var timeout time.Duration
-		if pol.Probe != nil {
+		switch {
+		case pol.Probe != nil:
 			timeout = pol.Probe.Timeout.D()
+		case built[name] != nil: // a Go probe registered without a probe block
+			timeout = config.DefaultProbeTimeout
 		}
 		tools[name] = reconcile.Policy{
 			ProbeFingerprint:      probeFingerprint(pol.Probe),

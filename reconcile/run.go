@@ -1,0 +1,362 @@
+package reconcile
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/probes"
+)
+
+// pass is the state of one running pass.
+type pass struct {
+	e      *Engine
+	opts   Options
+	owner  string
+	sem    chan struct{} // probes in flight, all tools together
+	budget *budget
+	// decisions carries probed keys to the writers: a probe slot is freed
+	// as soon as the probe returns, so Concurrency bounds probes in flight,
+	// not probes plus database writes.
+	decisions chan probed
+
+	mu     sync.Mutex
+	report Report
+}
+
+// budget counts down Options.Limit across tools.
+type budget struct {
+	mu   sync.Mutex
+	left int // < 0: unbounded
+}
+
+func (b *budget) take(n int) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.left < 0 {
+		return n
+	}
+	n = min(n, b.left)
+	b.left -= n
+	return n
+}
+
+func (b *budget) giveBack(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.left >= 0 {
+		b.left += n
+	}
+}
+
+// Run runs one pass: every due key of every (selected) tool, batch after
+// batch, until none is left, the limit is reached or ctx is done.
+func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
+	start := time.Now()
+	p := &pass{
+		e:      e,
+		opts:   opts,
+		owner:  e.cfg.Actor + "/" + nonce(),
+		sem:    make(chan struct{}, e.cfg.Concurrency),
+		budget: &budget{left: -1},
+		report: Report{Actor: e.cfg.Actor, DryRun: opts.DryRun, StartedAt: start, Actions: map[string]int{}},
+	}
+	if opts.Limit > 0 {
+		p.budget.left = opts.Limit
+	}
+	tools, err := p.tools(ctx)
+	if err != nil {
+		return p.report, err
+	}
+	p.decisions = make(chan probed, e.cfg.Concurrency)
+	var writers sync.WaitGroup
+	for range writerCount(e.cfg.Concurrency) {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			p.writeDecisions(ctx)
+		}()
+	}
+	if !opts.DryRun {
+		n, err := e.sweepAlerts(ctx)
+		if err != nil {
+			e.logger.Warn("resolve alerts of settled keys", "err", err)
+		}
+		p.report.ResolvedAlerts = n
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(tools))
+	for i, tool := range tools {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = p.runTool(ctx, tool)
+		}()
+	}
+	wg.Wait()
+	close(p.decisions)
+	writers.Wait()
+	if len(opts.Keys) > 0 && !opts.DryRun {
+		p.explainUntouched(ctx)
+	}
+	p.report.Duration = time.Since(start)
+	sort.Slice(p.report.Keys, func(i, j int) bool {
+		a, b := p.report.Keys[i], p.report.Keys[j]
+		return a.Tool < b.Tool || (a.Tool == b.Tool && a.Key < b.Key)
+	})
+	sort.Slice(p.report.Tools, func(i, j int) bool { return p.report.Tools[i].Tool < p.report.Tools[j].Tool })
+	err = errors.Join(errs...)
+	if ctx.Err() != nil {
+		err = errors.Join(err, ctx.Err())
+	}
+	if e.metrics != nil {
+		e.metrics.observePass(p.report, err)
+	}
+	if !opts.DryRun {
+		stats, _ := json.Marshal(map[string]any{"actions": p.report.Actions, "keys": len(p.report.Keys), "alerts_raised": p.report.AlertsRaised})
+		rec := ledger.Run{Kind: "reconcile", Actor: e.cfg.Actor, StartedAt: start, Stats: stats}
+		if err != nil {
+			rec.Error = err.Error()
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+		if rerr := ledger.RecordRun(rctx, e.pool, rec); rerr != nil {
+			e.logger.Warn("record reconcile run", "err", rerr)
+		}
+		cancel()
+	}
+	return p.report, err
+}
+
+// tools decides which tools this pass visits. With Keys, it also reports
+// the keys that cannot be reconciled now, and why.
+func (p *pass) tools(ctx context.Context) ([]string, error) {
+	if len(p.opts.Keys) > 0 {
+		set := map[string]bool{}
+		for _, k := range p.opts.Keys {
+			row, err := ledger.Get(ctx, p.e.pool, k)
+			if errors.Is(err, ledger.ErrNotFound) {
+				p.report.Skipped = append(p.report.Skipped, KeyResult{Key: k, Action: "not_found_in_ledger"})
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			if len(p.opts.Tools) > 0 && !slices.Contains(p.opts.Tools, row.Tool) {
+				p.report.Skipped = append(p.report.Skipped, KeyResult{Key: k, Tool: row.Tool, Action: "other_tool"})
+				continue
+			}
+			set[row.Tool] = true
+		}
+		return sortedKeys(set), nil
+	}
+	if len(p.opts.Tools) > 0 {
+		return slices.Sorted(slices.Values(p.opts.Tools)), nil
+	}
+	return ledger.ProcessingTools(ctx, p.e.pool, 0)
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// probed is a key whose probe has answered, on its way to a writer.
+type probed struct {
+	t        *toolRun
+	l        ledger.Leased
+	res      probes.Result
+	leasedAt time.Time // local monotonic time the lease started (at the latest)
+}
+
+// writerCount sizes the pool of decision writers: a decision is a few
+// milliseconds of database time against tens of a probe.
+func writerCount(concurrency int) int {
+	return min(max(concurrency/4, 2), 16)
+}
+
+// toolRun is one tool's share of a pass.
+type toolRun struct {
+	p      *pass
+	tool   string
+	policy Policy
+	sem    chan struct{}
+
+	// trialDone is closed once the half-open breaker's trial probe has
+	// answered: no other key of the tool is leased before.
+	trialDone chan struct{}
+	trialOnce sync.Once
+
+	mu sync.Mutex
+	// consecutive counts unknown verdicts since the last conclusive one,
+	// starting from the breaker's stored count: it stops this pass's
+	// probing as soon as a verdict would open the breaker, before the
+	// decision that opens it (in the database) is written.
+	consecutive int
+	halfOpen    bool // the breaker opened before and has not closed
+	open        bool
+	probed      int
+	note        string
+	openUntil   *time.Time
+	check       *CheckResult
+	untrusted   bool
+}
+
+func (p *pass) runTool(ctx context.Context, tool string) error {
+	policy := p.e.Policy(tool)
+	t := &toolRun{p: p, tool: tool, policy: policy, sem: make(chan struct{}, policy.Concurrency)}
+	defer func() {
+		t.mu.Lock()
+		tr := ToolReport{Tool: tool, Probed: t.probed, BreakerOpen: t.open, OpenUntil: t.openUntil, Note: t.note,
+			SelfCheck: t.check, Untrusted: t.untrusted}
+		t.mu.Unlock()
+		p.mu.Lock()
+		p.report.Tools = append(p.report.Tools, tr)
+		p.mu.Unlock()
+	}()
+	lp := ledger.LeaseParams{
+		Tool:             tool,
+		Window:           policy.ProcessingWindow + p.e.cfg.Grace,
+		HeartbeatTimeout: policy.HeartbeatTimeout,
+		Owner:            p.owner,
+		Lease:            p.e.cfg.Lease,
+		Keys:             slices.Clone(p.opts.Keys),
+		IgnoreBackoff:    len(p.opts.Keys) > 0,
+	}
+	if policy.Probe != nil {
+		on, err := t.admit(ctx, lp)
+		if err != nil || !on {
+			return err
+		}
+	}
+	type leasedKey struct {
+		l  ledger.Leased
+		at time.Time
+	}
+	// Leased keys wait in a buffer of one round of probes: the next batch
+	// is leased while this one is probed, and few keys wait under lease.
+	queue := make(chan leasedKey, max(policy.Concurrency, p.e.cfg.BatchSize))
+	var wg sync.WaitGroup
+	for range policy.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range queue {
+				t.handle(ctx, k.l, k.at)
+			}
+		}()
+	}
+	var leaseErr error
+	var after ledger.Leased // a dry run pages without leasing
+	waitTrial := t.halfOpen
+	for ctx.Err() == nil && !t.isOpen() {
+		if lp.IgnoreBackoff && len(lp.Keys) == 0 {
+			break // every named key was taken once this pass
+		}
+		batchSize := p.e.cfg.BatchSize
+		if waitTrial {
+			batchSize = 1 // half-open: one probe decides
+		}
+		want := p.budget.take(batchSize)
+		if want == 0 {
+			break
+		}
+		lp.Limit = want
+		leasedAt := time.Now()
+		var batch []ledger.Leased
+		if p.opts.DryRun {
+			batch, leaseErr = ledger.PeekDue(ctx, p.e.pool, lp, after)
+			if len(batch) > 0 {
+				after = batch[len(batch)-1]
+			}
+		} else {
+			// Detached from ctx: a lease statement cancelled mid-flight may
+			// still commit, and its keys would stay leased unseen. Let it
+			// finish, then give the batch back if the pass is over.
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+			batch, leaseErr = ledger.LeaseDue(lctx, p.e.pool, lp)
+			if leaseErr == nil && ctx.Err() != nil && len(batch) > 0 {
+				keys := make([]string, len(batch))
+				for i, l := range batch {
+					keys[i] = l.Key.Key
+				}
+				if err := ledger.ReleaseLeases(lctx, p.e.pool, keys, p.owner); err != nil {
+					p.e.logger.Warn("release leases", "tool", tool, "err", err)
+				}
+				batch = nil
+			}
+			cancel()
+		}
+		if leaseErr != nil || len(batch) == 0 {
+			p.budget.giveBack(want)
+			break
+		}
+		p.budget.giveBack(want - len(batch))
+		if lp.IgnoreBackoff {
+			// A named key is reconciled once per pass, whatever its
+			// decision: back-off is ignored, so it would be due again.
+			lp.Keys = slices.DeleteFunc(lp.Keys, func(k string) bool {
+				return slices.ContainsFunc(batch, func(l ledger.Leased) bool { return l.Key.Key == k })
+			})
+		}
+		for _, l := range batch {
+			queue <- leasedKey{l, leasedAt}
+		}
+		if waitTrial {
+			select {
+			case <-t.trialDone:
+			case <-ctx.Done():
+			}
+			waitTrial = false
+		}
+	}
+	close(queue)
+	wg.Wait()
+	if leaseErr != nil && ctx.Err() == nil {
+		return leaseErr
+	}
+	return nil
+}
+
+func (t *toolRun) isOpen() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.open
+}
+
+// recordVerdict updates this pass's count of the tool's consecutive
+// unknown verdicts and stops probing the tool when the next decision
+// written will open its breaker (one unknown when half-open).
+func (t *toolRun) recordVerdict(conclusive bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if conclusive {
+		t.consecutive = 0
+		t.halfOpen = false
+		return
+	}
+	t.consecutive++
+	threshold := t.p.e.cfg.BreakerFailures
+	if t.halfOpen {
+		threshold = 1
+	}
+	if t.consecutive >= threshold {
+		t.open = true
+	}
+}
+
+func nonce() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
