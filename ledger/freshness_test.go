@@ -1,7 +1,6 @@
 package ledger_test
 
 import (
-	"encoding/json"
 	"slices"
 	"testing"
 	"time"
@@ -50,52 +49,6 @@ func TestHeartbeatFreshnessUsesHeartbeatTimeout(t *testing.T) {
 	}
 }
 
-// An operator's decision (RequireIdle) refuses a key whose heartbeat is
-// fresh by heartbeat_timeout even when its claim is long past the window,
-// and writes nothing.
-func TestOperatorDecisionRefusesFreshHeartbeat(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name              string
-		beat              string
-		window, heartbeat time.Duration
-		inFlight          bool
-	}{
-		{"heartbeat just now", "1 second", time.Minute, time.Minute, true},
-		{"heartbeat older than the window, within the timeout", "2 minutes", time.Minute, 5 * time.Minute, true},
-		{"heartbeat within the window, older than the timeout", "2 minutes", 5 * time.Minute, time.Minute, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			db := pgtest.New(t)
-			claim(t, db.Pool, "k", "h")
-			age(t, db, "k", time.Hour)
-			db.Exec(t, `UPDATE idempotency_keys SET heartbeat_at = now() - $1::interval WHERE key = 'k'`, tc.beat)
-			k, err := ledger.Get(ctx, db.Pool, "k")
-			if err != nil {
-				t.Fatal(err)
-			}
-			res := decide(t, db, ledger.Decision{Key: "k", Tool: "create_ticket", ClaimedAt: k.ClaimedAt, Actor: "op", Verdict: "operator",
-				Transition: ledger.StatusCompleted, ResponseCode: 201, ResponseBody: json.RawMessage(`{"id":1}`), Action: "operator_completed",
-				RequireIdle: true, Window: tc.window, HeartbeatTimeout: tc.heartbeat})
-			after, _ := ledger.Get(ctx, db.Pool, "k")
-			if !tc.inFlight {
-				if !res.Applied || after.Status != ledger.StatusCompleted {
-					t.Fatalf("idle key not resolved: %+v, status %s", res, after.Status)
-				}
-				return
-			}
-			if res.Applied || res.Action != ledger.ActionInFlight {
-				t.Fatalf("operator resolved a key heartbeating %s ago (heartbeat_timeout %s): %+v", tc.beat, tc.heartbeat, res)
-			}
-			if after.Status != ledger.StatusProcessing || db.Count(t, "reconcile_audit") != 0 || db.Count(t, "reconcile_state") != 0 {
-				t.Fatalf("a refused decision wrote: status %s, %d audit rows, %d state rows", after.Status,
-					db.Count(t, "reconcile_audit"), db.Count(t, "reconcile_state"))
-			}
-		})
-	}
-}
-
 // Only an unknown keeps a not_found awaiting confirmation: any conclusive
 // verdict in between (found, duplicate) resets it, so the next not_found
 // starts its confirmation wait afresh.
@@ -104,31 +57,40 @@ func TestConclusiveVerdictResetsNotFoundConfirmation(t *testing.T) {
 	db := pgtest.New(t)
 	claim(t, db.Pool, "k", "h")
 	age(t, db, "k", time.Minute)
-	l := lease(t, db.Pool, "me", ledger.LeaseParams{})[0]
-	bookkeeping := func(verdict string, notFound bool) ledger.Decision {
-		return ledger.Decision{Key: "k", Tool: "create_ticket", ClaimedAt: l.ClaimedAt, Actor: "r", Verdict: verdict,
-			Action: "backoff", CountAttempt: true, NotFoundSeen: notFound}
+	// Each verdict is a probe of its own: leased (its back-off ignored, as
+	// by reconcile --key), then decided.
+	bookkeeping := func(verdict string, notFound bool) {
+		t.Helper()
+		l := lease(t, db.Pool, "me", ledger.LeaseParams{IgnoreBackoff: true, Keys: []string{"k"}})
+		if len(l) != 1 {
+			t.Fatalf("key not leased for the %s: %+v", verdict, l)
+		}
+		res := decide(t, db, ledger.Decision{Key: "k", Tool: "create_ticket", ClaimedAt: l[0].ClaimedAt, Owner: "me", Actor: "r", Verdict: verdict,
+			Action: "backoff", CountAttempt: true, NotFoundSeen: notFound})
+		if !res.Applied {
+			t.Fatalf("%s not applied: %+v", verdict, res)
+		}
 	}
-	decide(t, db, bookkeeping("not_found", true))
+	bookkeeping("not_found", true)
 	first, err := ledger.GetState(ctx, db.Pool, "k")
 	if err != nil || first.FirstNotFoundAt == nil {
 		t.Fatalf("after not_found: %+v, %v", first, err)
 	}
 	for _, verdict := range []string{"found", "duplicate"} {
-		decide(t, db, bookkeeping("not_found", true))
-		decide(t, db, bookkeeping(verdict, false))
+		bookkeeping("not_found", true)
+		bookkeeping(verdict, false)
 		st, _ := ledger.GetState(ctx, db.Pool, "k")
 		if st.FirstNotFoundAt != nil {
 			t.Fatalf("a %s between two not_founds kept the first not_found (%s): the confirmation must start again", verdict, st.FirstNotFoundAt)
 		}
 	}
-	decide(t, db, bookkeeping("not_found", true))
+	bookkeeping("not_found", true)
 	again, _ := ledger.GetState(ctx, db.Pool, "k")
 	if again.FirstNotFoundAt == nil || !again.FirstNotFoundAt.After(*first.FirstNotFoundAt) {
 		t.Fatalf("the not_found after a reset is dated %v, want after the first one (%s)", again.FirstNotFoundAt, first.FirstNotFoundAt)
 	}
 	// And an unknown keeps it.
-	decide(t, db, bookkeeping("unknown", false))
+	bookkeeping("unknown", false)
 	if st, _ := ledger.GetState(ctx, db.Pool, "k"); st.FirstNotFoundAt == nil || !st.FirstNotFoundAt.Equal(*again.FirstNotFoundAt) {
 		t.Fatalf("an unknown lost the pending not_found: %+v", st)
 	}

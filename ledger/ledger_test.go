@@ -546,28 +546,3 @@ func TestStaleDecisionLeavesNewClaimAlone(t *testing.T) {
 		t.Fatalf("a third replica leased a key B holds: %+v", got)
 	}
 }
-
-// An operator decision with RequireIdle refuses a key in flight by the
-// database's clock, and may complete a failed_retryable key not re-claimed.
-func TestOperatorDecisionGuards(t *testing.T) {
-	t.Parallel()
-	db := pgtest.New(t)
-	fresh := claim(t, db.Pool, "young", "h")
-	res := decide(t, db, ledger.Decision{Key: "young", Tool: "create_ticket", ClaimedAt: fresh.Row.ClaimedAt, Actor: "op", Verdict: "operator",
-		Transition: ledger.StatusFailedRetryable, Action: "operator_marked_retryable", RequireIdle: true, Window: time.Minute, HeartbeatTimeout: time.Minute})
-	if res.Applied || res.Action != ledger.ActionInFlight || db.Count(t, "reconcile_audit") != 0 {
-		t.Fatalf("in-flight operator decision: %+v", res)
-	}
-	old := claim(t, db.Pool, "old", "h")
-	if err := ledger.Abandon(ctx, db.Pool, "old", old.Row.ClaimedAt); err != nil {
-		t.Fatal(err)
-	}
-	age(t, db, "old", time.Hour)
-	k, _ := ledger.Get(ctx, db.Pool, "old")
-	res = decide(t, db, ledger.Decision{Key: "old", Tool: "create_ticket", ClaimedAt: k.ClaimedAt, Actor: "op", Verdict: "operator",
-		Transition: ledger.StatusCompleted, ResponseCode: 201, ResponseBody: json.RawMessage(`{"id":1}`), Action: "operator_completed",
-		AllowFailedRetryable: true, RequireIdle: true, Window: time.Minute})
-	if !res.Applied || res.Current.Status != ledger.StatusCompleted {
-		t.Fatalf("completing a failed_retryable key: %+v", res)
-	}
-}

@@ -127,8 +127,11 @@ func TestDecisionTransitionIsCompareAndSetInSQL(t *testing.T) {
 			if tc.reclaimed {
 				stale.ClaimedAt = real.ClaimedAt.Add(-time.Minute)
 			}
-			d := Decision{Key: "k", Tool: "t", ClaimedAt: stale.ClaimedAt, Actor: "op", Verdict: "operator",
-				Transition: tc.transition, ResponseCode: 201, ResponseBody: json.RawMessage(`{"id":"T-1"}`), Action: "operator_decided"}
+			d, err := OperatorDecision{Key: "k", Tool: "t", ClaimedAt: stale.ClaimedAt, Actor: "op", Reason: "r",
+				Transition: tc.transition, ResponseCode: 201, ResponseBody: json.RawMessage(`{"id":"T-1"}`), Window: time.Minute}.pending()
+			if err != nil {
+				t.Fatal(err)
+			}
 
 			var res DecideResult
 			batch := &pgx.Batch{}

@@ -214,18 +214,19 @@ SELECT tool FROM t WHERE tool IS NOT NULL
 	return tools, wrap("list tools with processing keys", err)
 }
 
-// Decision is one reconcile decision, written by Decide in one transaction
-// with its audit row.
+// Decision is one reconciler decision about a leased key, written by Decide
+// in one transaction with its audit row. An operator's decision by hand is
+// an OperatorDecision (DecideOperator): it holds no lease.
 type Decision struct {
 	Key       string
 	Tool      string
 	ClaimedAt time.Time
-	// Owner is the lease holder; "" for an operator's decision, which is
-	// conditional on status and claimed_at only.
+	// Owner is the lease holder (LeaseParams.Owner); required: the write
+	// is conditional on the lease still being Owner's.
 	Owner string
-	// Actor is recorded in the audit: replica id or operator.
+	// Actor is recorded in the audit: the replica id.
 	Actor string
-	// Verdict is the probe's verdict (or "operator").
+	// Verdict is the probe's verdict.
 	Verdict string
 	// Transition is the ledger change: "" (none), StatusCompleted or
 	// StatusFailedRetryable.
@@ -251,24 +252,33 @@ type Decision struct {
 	// nothing is decided ("in_flight_again").
 	CheckHeartbeat    bool
 	LeasedHeartbeatAt *time.Time
-	// RequireIdle (operator decisions) refuses a key claimed less than
-	// Window ago or heartbeating within HeartbeatTimeout, by the database's
-	// clock ("in_flight"; nothing written).
-	RequireIdle      bool
-	Window           time.Duration
-	HeartbeatTimeout time.Duration
-	// AllowFailedRetryable lets an operator complete a failed_retryable key
-	// not re-claimed since (same claimed_at): the effect turned out to exist.
-	AllowFailedRetryable bool
 }
 
-// Actions Decide records instead of the decision's own.
+// pending is one decision as the shared write path (decideMany,
+// queueDecision) sees it: a reconciler's Decision as it is, or an
+// OperatorDecision with the operator's guards.
+type pending struct {
+	Decision
+	// operator: the decision holds no lease, so it is not conditional on
+	// one, and it settles the claim (releasing whoever's lease).
+	operator bool
+	// requireIdle refuses a key claimed less than window ago or
+	// heartbeating within heartbeatTimeout, by the database's clock
+	// ("in_flight"; nothing written).
+	requireIdle              bool
+	window, heartbeatTimeout time.Duration
+	// allowFailedRetryable lets a transition to completed apply to a
+	// failed_retryable key not re-claimed since (same claimed_at).
+	allowFailedRetryable bool
+}
+
+// Actions Decide and DecideOperator record instead of the decision's own
+// (and ActionInFlight, in operator.go).
 const (
 	ActionResolvedByOriginal = "resolved_by_original"
 	ActionHeld               = "held"
 	ActionLeaseLost          = "lease_lost"
 	ActionInFlightAgain      = "in_flight_again"
-	ActionInFlight           = "in_flight"
 )
 
 // DecideResult says what Decide did.
@@ -292,7 +302,7 @@ type DecideResult struct {
 // "resolved_by_original" when the attempt finished or was re-claimed
 // meanwhile, "held" when an operator put it on hold, "in_flight_again" when
 // it heartbeat meanwhile; "lease_lost" (another reconciler took the key
-// over) and "in_flight" (an operator's RequireIdle) write nothing at all.
+// over) writes nothing at all. A decision without an Owner is refused.
 //
 // Round trips: one locking read, one batch of writes.
 func Decide(ctx context.Context, tx pgx.Tx, d Decision) (DecideResult, error) {
@@ -317,6 +327,18 @@ type decisionRow struct {
 // writers never deadlock on each other's keys) and one batch of writes. The
 // results are in the order of ds.
 func DecideMany(ctx context.Context, tx pgx.Tx, ds []Decision) ([]DecideResult, error) {
+	ps := make([]pending, len(ds))
+	for i, d := range ds {
+		if d.Owner == "" {
+			return nil, fmt.Errorf("ledger: decision on key %q has no Owner (a reconciler decides only keys it leased; an operator's decision is DecideOperator's)", d.Key)
+		}
+		ps[i] = pending{Decision: d}
+	}
+	return decideMany(ctx, tx, ps)
+}
+
+// decideMany is the write path both kinds of decision share.
+func decideMany(ctx context.Context, tx pgx.Tx, ds []pending) ([]DecideResult, error) {
 	const read = `SELECT d.i, k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
 		k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at,
 		coalesce(s.attempts, 0), s.lease_owner,
@@ -332,7 +354,7 @@ func DecideMany(ctx context.Context, tx pgx.Tx, ds []Decision) ([]DecideResult, 
 	wins := make([]time.Duration, len(ds))
 	hbs := make([]time.Duration, len(ds))
 	for i, d := range ds {
-		keys[i], claims[i], wins[i], hbs[i] = d.Key, d.ClaimedAt, d.Window, d.HeartbeatTimeout
+		keys[i], claims[i], wins[i], hbs[i] = d.Key, d.ClaimedAt, d.window, d.heartbeatTimeout
 	}
 	rows, err := tx.Query(ctx, read, keys, claims, wins, hbs)
 	if err != nil {
@@ -370,14 +392,14 @@ func DecideMany(ctx context.Context, tx pgx.Tx, ds []Decision) ([]DecideResult, 
 
 // queueDecision decides one key from what was read under its lock and
 // queues its writes; res is filled when the batch runs.
-func queueDecision(batch *pgx.Batch, d Decision, r decisionRow, res *DecideResult) error {
+func queueDecision(batch *pgx.Batch, d pending, r decisionRow, res *DecideResult) error {
 	cur := r.cur
 	attempts := r.attempts
 	*res = DecideResult{Current: cur, Attempts: attempts}
-	ours := d.Owner == "" || (r.leaseOwner != nil && *r.leaseOwner == d.Owner)
+	ours := d.operator || (r.leaseOwner != nil && *r.leaseOwner == d.Owner)
 	sameClaim := cur.Key != "" && cur.ClaimedAt.Equal(d.ClaimedAt)
 	statusOK := cur.Status == StatusProcessing ||
-		(d.AllowFailedRetryable && d.Transition == StatusCompleted && cur.Status == StatusFailedRetryable)
+		(d.allowFailedRetryable && d.Transition == StatusCompleted && cur.Status == StatusFailedRetryable)
 	switch {
 	case !sameClaim || !statusOK:
 		res.Action = ActionResolvedByOriginal
@@ -390,7 +412,7 @@ func queueDecision(batch *pgx.Batch, d Decision, r decisionRow, res *DecideResul
 		res.Action = ActionHeld
 	case d.CheckHeartbeat && !sameTime(cur.HeartbeatAt, d.LeasedHeartbeatAt):
 		res.Action = ActionInFlightAgain
-	case d.RequireIdle && r.inFlight:
+	case d.requireIdle && r.inFlight:
 		res.Action = ActionInFlight
 		return nil
 	default:
@@ -405,7 +427,7 @@ func queueDecision(batch *pgx.Batch, d Decision, r decisionRow, res *DecideResul
 	if !res.Applied {
 		// Only our own lease of this claim is given back: a newer claim's
 		// bookkeeping and another holder's lease are not ours to touch.
-		if d.Owner != "" {
+		if !d.operator {
 			batch.Queue(`UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 				WHERE key = $1 AND claimed_at = $2 AND lease_owner = $3`, d.Key, d.ClaimedAt, d.Owner)
 		}

@@ -8,14 +8,15 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/operator"
 )
 
-// inspection is everything `inspect` shows about a key.
+// inspection is everything `inspect` shows about a key (its --json
+// document).
 type inspection struct {
 	Key      ledger.Key          `json:"key"`
 	State    *ledger.State       `json:"reconcile_state,omitempty"`
@@ -41,44 +42,21 @@ func newInspectCmd(a *app) *cobra.Command {
 			}
 			defer pool.Close()
 			key := argv[0]
-			k, err := ledger.Get(ctx, pool, key)
-			if errors.Is(err, ledger.ErrNotFound) {
+			in, err := operator.Inspect(ctx, pool, operator.InspectRequest{Key: key, HistoryLimit: limit, Windows: a.windows})
+			if errors.Is(err, operator.ErrNoKey) {
 				return fmt.Errorf("no key %q in the ledger (never claimed, or purged after it expired)", key)
 			}
 			if err != nil {
 				return err
 			}
-			in := inspection{Key: k}
-			if st, err := ledger.GetState(ctx, pool, key); err == nil && st.ClaimedAt.Equal(k.ClaimedAt) {
-				in.State = &st
-			} else if err != nil && !errors.Is(err, ledger.ErrNotFound) {
-				return err
+			if in.Judgement.Condition == operator.Purged {
+				last := in.History[len(in.History)-1]
+				return fmt.Errorf("no key %q in the ledger: purged after it expired (or deleted); its audit trail remains: %d entries, the newest %s by %s at %s",
+					key, len(in.History), last.Action, last.Actor, ts(last.CreatedAt))
 			}
-			if h, err := ledger.GetHold(ctx, pool, key); err == nil {
-				in.Hold = &h
-			} else if !errors.Is(err, ledger.ErrNotFound) {
-				return err
-			}
-			if in.History, err = ledger.History(ctx, pool, key, limit); err != nil {
-				return err
-			}
-			if in.History == nil {
-				in.History = []ledger.AuditEntry{}
-			}
-			open, err := alerts.OpenKeyAlertsAfter(ctx, pool, alerts.OpenAlert{Key: key}, 20)
-			if err != nil {
-				return err
-			}
-			for _, o := range open {
-				if o.Key == key {
-					in.Alerts = append(in.Alerts, o)
-				}
-			}
-			win, hb := a.windows(k.Tool)
-			in.Window = win.String()
-			in.InFlight = k.Status == ledger.StatusProcessing && (time.Since(k.ClaimedAt) < win || (k.HeartbeatAt != nil && time.Since(*k.HeartbeatAt) < hb))
 			if asJSON {
-				return a.writeJSON(in)
+				return a.writeJSON(inspection{Key: in.Key, State: in.State, Hold: in.Hold, History: in.History, Alerts: in.Alerts,
+					Window: in.Window.String(), InFlight: in.Judgement.Condition == operator.InFlight})
 			}
 			printInspection(a, in)
 			return nil
@@ -95,25 +73,26 @@ func (a *app) windows(tool string) (time.Duration, time.Duration) {
 	return p.ProcessingWindow + a.cfg.Reconcile.Grace.D(), p.HeartbeatTimeout
 }
 
-func printInspection(a *app, in inspection) {
+func printInspection(a *app, in operator.Inspection) {
 	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	k := in.Key
+	k, j := in.Key, in.Judgement
 	row := func(name string, v any) { fmt.Fprintf(w, "%s\t%v\n", name, v) }
 	row("key", k.Key)
 	row("tool", k.Tool)
 	status := k.Status
-	if in.InFlight {
+	switch j.Condition {
+	case operator.InFlight:
 		status += " (in flight: inside its window or heartbeating; the reconciler leaves it alone)"
-	} else if k.Status == ledger.StatusProcessing {
+	case operator.Stuck:
 		status += fmt.Sprintf(" (stuck: past its window of %s)", in.Window)
 	}
 	row("status", status)
 	row("created_at", ts(k.CreatedAt))
-	row("claimed_at", fmt.Sprintf("%s (%s ago)", ts(k.ClaimedAt), time.Since(k.ClaimedAt).Round(time.Second)))
+	row("claimed_at", fmt.Sprintf("%s (%s ago)", ts(k.ClaimedAt), j.Age.Round(time.Second)))
 	row("updated_at", ts(k.UpdatedAt))
 	row("expires_at", ts(k.ExpiresAt))
 	if k.HeartbeatAt != nil {
-		row("heartbeat_at", fmt.Sprintf("%s (%s ago)", ts(*k.HeartbeatAt), time.Since(*k.HeartbeatAt).Round(time.Second)))
+		row("heartbeat_at", fmt.Sprintf("%s (%s ago)", ts(*k.HeartbeatAt), j.HeartbeatAge.Round(time.Second)))
 	}
 	row("request_hash", k.RequestHash)
 	row("request_body", oneLine(string(k.RequestBody), 200))
@@ -132,7 +111,7 @@ func printInspection(a *app, in inspection) {
 		if s.NextProbeAt != nil {
 			row("next_probe_at", ts(*s.NextProbeAt))
 		}
-		if s.LeaseOwner != nil && s.LeaseExpiresAt != nil && s.LeaseExpiresAt.After(time.Now()) {
+		if j.Leased {
 			row("leased_by", fmt.Sprintf("%s until %s", *s.LeaseOwner, ts(*s.LeaseExpiresAt)))
 		}
 	}
@@ -186,27 +165,21 @@ already marked failed_retryable that no retry has re-claimed yet, when the
 effect turns out to exist after all.`,
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			key := argv[0]
 			if completed == retryable {
 				return usagef("resolve: give exactly one of --completed or --retryable")
 			}
-			if strings.TrimSpace(reason) == "" {
-				return usagef("resolve: --reason is required (it goes into the audit trail)")
-			}
-			var outcome json.RawMessage
+			req := operator.ResolveRequest{Key: argv[0], Mark: operator.MarkRetryable, Reason: reason, Actor: actor(actorFlag), Force: force}
 			if completed {
-				if code < 100 || code > 599 {
-					return usagef("resolve --completed: --code must be an HTTP status code (100-599)")
-				}
-				if code >= 500 && !force {
-					return usagef("resolve --completed: --code %d would replay a server error to every retry forever (the caching rule stores definitive outcomes only); pass --force if you mean it", code)
-				}
-				if body == "" || !json.Valid([]byte(body)) {
-					return usagef("resolve --completed: --body must be valid JSON (the response retries will replay)")
-				}
-				outcome = json.RawMessage(body)
+				req.Mark, req.Code, req.Body = operator.MarkCompleted, code, json.RawMessage(body)
 			} else if cmd.Flags().Changed("code") || cmd.Flags().Changed("body") {
-				return usagef("resolve --retryable takes no --code or --body")
+				req.Code, req.Body = code, json.RawMessage(body)
+				if req.Body == nil {
+					// --code 0 or --body "": still an outcome given.
+					req.Body = json.RawMessage{}
+				}
+			}
+			if err := req.Validate(); err != nil {
+				return resolveUsage(err, code)
 			}
 			ctx := cmd.Context()
 			pool, err := a.ledgerPool(ctx)
@@ -214,65 +187,16 @@ effect turns out to exist after all.`,
 				return err
 			}
 			defer pool.Close()
-			who := actor(actorFlag)
-			k, err := ledger.Get(ctx, pool, key)
-			if errors.Is(err, ledger.ErrNotFound) {
-				return fmt.Errorf("no key %q in the ledger", key)
+			if a.cfg.File != "" {
+				// The serve configuration's windows judge "in flight";
+				// without it operator.Resolve refuses unless --force.
+				req.Windows = a.windows
 			}
+			res, err := operator.Resolve(ctx, pool, req)
 			if err != nil {
-				return err
+				return resolveRefusal(err, req.Key)
 			}
-			switch {
-			case k.Status == ledger.StatusProcessing:
-			case k.Status == ledger.StatusFailedRetryable && completed:
-				// The effect turned out to exist after all: storing it
-				// stops the retry that would redo it (if none re-claimed
-				// the key yet; compare-and-set on claimed_at).
-			case k.Status == ledger.StatusFailedRetryable:
-				return fmt.Errorf("refused: key %q is already failed_retryable", key)
-			default:
-				return fmt.Errorf("refused: key %q is %s; a completed key is final (only purge removes it)", key, k.Status)
-			}
-			if _, err := ledger.GetHold(ctx, pool, key); err == nil {
-				return fmt.Errorf("refused: key %q is on hold; run 'ledgerkeeper release %s' first", key, key)
-			}
-			if a.cfg.File == "" && !force {
-				return fmt.Errorf("refused: no configuration loaded, so the processing window of tool %q is unknown here; pass --config with the serve configuration (or --force)", k.Tool)
-			}
-			win, hb := a.windows(k.Tool)
-			evidence, _ := json.Marshal(map[string]any{"reason": reason, "forced": force})
-			d := ledger.Decision{Key: key, Tool: k.Tool, ClaimedAt: k.ClaimedAt, Actor: who, Verdict: "operator", Evidence: evidence,
-				// In flight by the database's clock, checked under the row
-				// lock: the original attempt may still finish.
-				RequireIdle: !force, Window: win, HeartbeatTimeout: hb}
-			how := "resolved by operator " + who
-			if completed {
-				d.Transition, d.ResponseCode, d.ResponseBody, d.Action = ledger.StatusCompleted, code, outcome, "operator_completed"
-				d.AllowFailedRetryable = true
-			} else {
-				d.Transition, d.Action = ledger.StatusFailedRetryable, "operator_marked_retryable"
-			}
-			var res ledger.DecideResult
-			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				var err error
-				if res, err = ledger.Decide(ctx, tx, d); err != nil {
-					return err
-				}
-				if res.Applied {
-					_, err = alerts.ResolveKey(ctx, tx, k.Tool, key, how)
-				}
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			switch {
-			case res.Action == ledger.ActionInFlight:
-				return fmt.Errorf("refused: key %q is in flight (claimed less than its window + grace of %s ago, or heartbeating): the original attempt may still finish; wait, or pass --force", key, win)
-			case !res.Applied:
-				return fmt.Errorf("refused: key %q changed while you looked (%s); nothing written; run 'ledgerkeeper inspect %s'", key, strings.ReplaceAll(res.Action, "_", " "), key)
-			}
-			fmt.Fprintf(a.stdout, "key %s is now %s (by %s: %s)\n", key, res.Current.Status, who, reason)
+			fmt.Fprintf(a.stdout, "key %s is now %s (by %s: %s)\n", req.Key, res.Key.Status, req.Actor, reason)
 			return nil
 		},
 	}
@@ -304,8 +228,12 @@ since when, why. --replace replaces it with yours (audited as a hold, naming
 the hold it replaced).`,
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			if strings.TrimSpace(reason) == "" {
-				return usagef("hold: --reason is required")
+			req := operator.HoldRequest{Key: argv[0], Reason: reason, Actor: actor(actorFlag), Replace: replace}
+			if err := req.Validate(); err != nil {
+				if errors.Is(err, operator.ErrNoReason) {
+					return usagef("hold: --reason is required")
+				}
+				return &usageError{fmt.Errorf("hold: %w", err)}
 			}
 			ctx := cmd.Context()
 			pool, err := a.ledgerPool(ctx)
@@ -313,28 +241,19 @@ the hold it replaced).`,
 				return err
 			}
 			defer pool.Close()
-			who := actor(actorFlag)
-			key := argv[0]
-			var prev *ledger.Hold
-			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if replace {
-					var err error
-					prev, err = ledger.ReplaceHold(ctx, tx, key, reason, who)
-					return err
-				}
-				return ledger.PutHold(ctx, tx, key, reason, who)
-			})
-			var held *ledger.HeldError
+			key, who := req.Key, req.Actor
+			res, err := operator.Hold(ctx, pool, req)
+			var refused *operator.RefusedError
 			switch {
-			case errors.Is(err, ledger.ErrNotFound):
+			case errors.Is(err, operator.ErrNoKey):
 				return fmt.Errorf("no key %q in the ledger", key)
-			case errors.As(err, &held):
-				h := held.Hold
+			case errors.As(err, &refused) && refused.Why == operator.RefusedAlreadyHeld && refused.Hold != nil:
+				h := refused.Hold
 				return fmt.Errorf("refused: key %q is already on hold, by %s since %s: %s; nothing changed. Pass --replace to replace that hold with yours, or leave it to %s", key, h.Actor, ts(h.CreatedAt), h.Reason, h.Actor)
 			case err != nil:
 				return err
 			}
-			if prev != nil {
+			if prev := res.Replaced; prev != nil {
 				fmt.Fprintf(a.stdout, "key %s is on hold (by %s: %s), replacing the hold by %s since %s (%s); 'ledgerkeeper release %s' lifts it\n",
 					key, who, reason, prev.Actor, ts(prev.CreatedAt), prev.Reason, key)
 				return nil
@@ -363,8 +282,8 @@ func newReleaseCmd(a *app) *cobra.Command {
 			}
 			defer pool.Close()
 			who := actor(actorFlag)
-			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ledger.ReleaseHold(ctx, tx, argv[0], who) })
-			if errors.Is(err, ledger.ErrNotFound) {
+			err = operator.Release(ctx, pool, operator.ReleaseRequest{Key: argv[0], Actor: who})
+			if errors.Is(err, operator.ErrNotHeld) {
 				return fmt.Errorf("key %q is not on hold", argv[0])
 			}
 			if err != nil {
@@ -376,4 +295,49 @@ func newReleaseCmd(a *app) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&actorFlag, "actor", "", "operator name for the audit trail (default $USER)")
 	return cmd
+}
+
+// resolveUsage words a request operator.ResolveRequest.Validate refused in
+// terms of the flags (exit 2).
+func resolveUsage(err error, code int) error {
+	switch {
+	case errors.Is(err, operator.ErrNoReason):
+		return usagef("resolve: --reason is required (it goes into the audit trail)")
+	case errors.Is(err, operator.ErrBadCode):
+		return usagef("resolve --completed: --code must be an HTTP status code (100-599)")
+	case errors.Is(err, operator.ErrServerErrorOutcome):
+		return usagef("resolve --completed: --code %d would replay a server error to every retry forever (the caching rule stores definitive outcomes only); pass --force if you mean it", code)
+	case errors.Is(err, operator.ErrBadBody):
+		return usagef("resolve --completed: --body must be valid JSON (the response retries will replay)")
+	case errors.Is(err, operator.ErrOutcomeOnRetryable):
+		return usagef("resolve --retryable takes no --code or --body")
+	}
+	return &usageError{fmt.Errorf("resolve: %w", err)}
+}
+
+// resolveRefusal words operator.Resolve's refusals for the command line
+// (exit 1, nothing changed); other errors pass through.
+func resolveRefusal(err error, key string) error {
+	var r *operator.RefusedError
+	switch {
+	case errors.Is(err, operator.ErrNoKey):
+		return fmt.Errorf("no key %q in the ledger", key)
+	case !errors.As(err, &r):
+		return err
+	}
+	switch r.Why {
+	case operator.RefusedAlreadyRetryable:
+		return fmt.Errorf("refused: key %q is already failed_retryable", key)
+	case operator.RefusedFinal:
+		return fmt.Errorf("refused: key %q is %s; a completed key is final (only purge removes it)", key, r.Status)
+	case operator.RefusedHeld:
+		return fmt.Errorf("refused: key %q is on hold; run 'ledgerkeeper release %s' first", key, key)
+	case operator.RefusedNoConfiguration:
+		return fmt.Errorf("refused: no configuration loaded, so the processing window of tool %q is unknown here; pass --config with the serve configuration (or --force)", r.Tool)
+	case operator.RefusedInFlight:
+		return fmt.Errorf("refused: key %q is in flight (claimed less than its window + grace of %s ago, or heartbeating): the original attempt may still finish; wait, or pass --force", key, r.Window)
+	case operator.RefusedChanged:
+		return fmt.Errorf("refused: key %q changed while you looked (%s); nothing written; run 'ledgerkeeper inspect %s'", key, strings.ReplaceAll(r.Action, "_", " "), key)
+	}
+	return err
 }
