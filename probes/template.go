@@ -13,6 +13,14 @@ import (
 // never change the URL's structure: the origin (scheme, host, port) is
 // literal, a value in the path stays inside one path segment, a value in the
 // query stays inside one query component.
+//
+// In the path, a placeholder is RFC 6570's simple string expansion ({var},
+// level 1); in the query, form encoding (the same but '+' for a space). It
+// is not delegated to an RFC 6570 library: the escaping is the dozen lines
+// of escapePathValue, and everything else here (our names, which allow what
+// RFC 6570 varnames do not; the refusals; the origin and prefix checks
+// after rendering) a library does not do. TestRenderURLIsRFC6570SimpleExpansion
+// pins the RFC's own examples.
 type urlTemplate struct {
 	raw    string
 	scheme string

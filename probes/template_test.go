@@ -49,3 +49,75 @@ func TestEscapePathValue(t *testing.T) {
 		t.Errorf("escapePathValue(%q) = %q", in, got)
 	}
 }
+
+// TestRenderURLIsRFC6570SimpleExpansion: a placeholder in the path is
+// RFC 6570's simple string expansion ({var}, level 1): every byte but the
+// unreserved characters percent-encoded, non-ASCII as its UTF-8 bytes
+// (§1.6), upper-case hex. The want values are the RFC's own examples
+// (§1.2, §3.2.1, §3.2.2) and UTF-8 cases a library got wrong (it encoded
+// code points, so "é" became %E9 and "Ā" %01, and dropped NUL: a probe for
+// another key). In the query the only difference is form encoding's '+'
+// for a space, which query parsers read as a space.
+func TestRenderURLIsRFC6570SimpleExpansion(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ value, path, query string }{
+		{"value", "value", "value"},
+		{"Hello World!", "Hello%20World%21", "Hello+World%21"},
+		{"50%", "50%25", "50%25"},
+		{"1024", "1024", "1024"},
+		{"/foo/bar", "%2Ffoo%2Fbar", "%2Ffoo%2Fbar"},
+		{"here ?", "here%20%3F", "here+%3F"},
+		{"ab,c;d=e&f", "ab%2Cc%3Bd%3De%26f", "ab%2Cc%3Bd%3De%26f"},
+		{"~a-b_c.d", "~a-b_c.d", "~a-b_c.d"},
+		{"é", "%C3%A9", "%C3%A9"},
+		{"Ā", "%C4%80", "%C4%80"},
+		{"🔑", "%F0%9F%94%91", "%F0%9F%94%91"},
+		{"a\x00b", "a%00b", "a%00b"},
+		{"%2F", "%252F", "%252F"},
+	}
+	tmpl, err := parseURLTemplate("http://h/x/{request.customer-id}?q={request.customer-id}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		body, _ := json.Marshal(map[string]string{"customer-id": tt.value})
+		u, err := tmpl.render(Key{Key: "k", Tool: "t", RequestBody: body})
+		if err != nil {
+			t.Errorf("%q: %v", tt.value, err)
+			continue
+		}
+		if want := "http://h/x/" + tt.path + "?q=" + tt.query; u.String() != want {
+			t.Errorf("%q:\n got %s\nwant %s", tt.value, u, want)
+		}
+	}
+}
+
+// TestPlaceholderNames: a dot in a placeholder walks the request body
+// ({request.customer.id} is the member id of customer), as RFC 6570 allows
+// dots in a varname; member names may hold what RFC 6570's varnames may not
+// (a '-', non-ASCII), which is why the names are ours to parse.
+func TestPlaceholderNames(t *testing.T) {
+	t.Parallel()
+	k := Key{Key: "k1", Tool: "create_ticket", RequestBody: json.RawMessage(`{"customer":{"id":"c 1","e-mail":"a@b","café":"x"},"customer.id":"flat"}`)}
+	tests := []struct{ tmpl, want string }{
+		{"http://h/{request.customer.id}", "http://h/c%201"},
+		{"http://h/{request.customer.e-mail}", "http://h/a%40b"},
+		{"http://h/{request.customer.café}", "http://h/x"},
+		{"http://h/{tool}/{key}", "http://h/create_ticket/k1"},
+	}
+	for _, tt := range tests {
+		tmpl, err := parseURLTemplate(tt.tmpl)
+		if err != nil {
+			t.Errorf("%s: %v", tt.tmpl, err)
+			continue
+		}
+		u, err := tmpl.render(k)
+		if err != nil {
+			t.Errorf("%s: render: %v", tt.tmpl, err)
+			continue
+		}
+		if u.String() != tt.want {
+			t.Errorf("%s: got %s, want %s", tt.tmpl, u, tt.want)
+		}
+	}
+}
