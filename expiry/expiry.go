@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -42,8 +41,13 @@ const alertPage = 100
 // dying disk) and a human should look.
 const maxConsecutiveTimeouts = 5
 
-// Config configures a Purger. Every zero value means its default.
+// Config configures a Purger. Every zero value means its default, except
+// Alerts, which is required.
 type Config struct {
+	// Alerts raises the pass's expired_processing alerts and trims the
+	// alert tables (package alerts owns them; internal/daemon.PurgeAlerts
+	// is the implementation). Required.
+	Alerts Alerts
 	// MinAge is the retention floor: a key younger than this (by
 	// created_at) is never purged, whatever its expires_at. Default 24h.
 	MinAge time.Duration
@@ -126,6 +130,8 @@ func (c Config) mustValidate() {
 		panic("expiry: negative duration in Config")
 	case c.MaxAlertsPerPass < 0:
 		panic("expiry: negative MaxAlertsPerPass")
+	case c.Alerts == nil:
+		panic("expiry: Config.Alerts is required (internal/daemon.PurgeAlerts)")
 	}
 }
 
@@ -370,16 +376,17 @@ func (p *Purger) pass(ctx context.Context, conn *pgx.Conn, rep *Report, deadline
 
 	// The daemon's own tables, each with a pacer of its own (their rows are
 	// narrower than the ledger's).
-	for _, t := range ledger.DaemonTables {
+	for _, t := range p.DaemonTables() {
 		pc := newPacer(p.cfg)
 		out, err := p.paced(ctx, rep, pc, deadline, func(ctx context.Context, size int) (bool, error) {
-			n, err := ledger.PurgeDaemonBatch(ctx, conn, t, p.cfg.AuditMaxAge, size)
+			n, err := t.Purge(ctx, conn, p.cfg.AuditMaxAge, size)
 			if err != nil {
-				return false, err
+				// Every table's batch that times out shrinks the next,
+				// whichever package's statement it was.
+				return false, ledger.AsBatchTimeout(err)
 			}
-			table := string(t)
-			rep.add(table, n)
-			p.metrics.deleted(table, n)
+			rep.add(t.Name, n)
+			p.metrics.deleted(t.Name, n)
 			return n < int64(size), nil
 		})
 		busy += pc.busy
@@ -465,17 +472,7 @@ func (p *Purger) alertExpired(ctx context.Context, conn *pgx.Conn, rep *Report, 
 					break
 				}
 				cursor = ledger.PurgeCursor{ExpiresAt: k.ExpiresAt, Key: k.Key}
-				raised, err := alerts.Raise(ctx, tx, alerts.Alert{
-					Reason: alerts.ReasonExpiredProcessing,
-					Tool:   k.Tool,
-					Key:    k.Key,
-					Details: alerts.Details{
-						ClaimedAt: &k.ClaimedAt,
-						CreatedAt: &k.CreatedAt,
-						ExpiresAt: &k.ExpiresAt,
-						Note:      "processing past expires_at: purge keeps it until it is resolved (ledgerkeeper resolve)",
-					},
-				}, p.cfg.RenotifyAfter)
+				raised, err := p.cfg.Alerts.ExpiredProcessing(ctx, tx, k, p.cfg.RenotifyAfter)
 				if err != nil {
 					return err
 				}
@@ -540,8 +537,9 @@ type DryRunReport struct {
 	// alert (unless alerted within renotify_after), at most
 	// MaxAlertsPerPass.
 	WouldAlert []ledger.ExpiredKey `json:"would_alert"`
-	// Tables counts the daemon-table rows a pass would delete.
-	Tables []ledger.DaemonTableCount `json:"daemon_tables"`
+	// Tables counts the daemon-table rows a pass would delete, in the order
+	// a pass trims them.
+	Tables []TableRows `json:"daemon_tables"`
 	// MinAgeSeconds, ToolMinAgeSeconds and AuditMaxAgeSeconds are the
 	// policy the counts were made with.
 	MinAgeSeconds      float64            `json:"min_age_seconds"`
@@ -590,8 +588,12 @@ func (p *Purger) DryRun(ctx context.Context) (DryRunReport, error) {
 			return rep, err
 		}
 	}
-	if rep.Tables, err = ledger.PreviewDaemonPurge(ctx, p.pool, c.AuditMaxAge); err != nil {
-		return rep, err
+	for _, t := range p.DaemonTables() {
+		n, err := t.Count(ctx, p.pool, c.AuditMaxAge)
+		if err != nil {
+			return rep, err
+		}
+		rep.Tables = append(rep.Tables, TableRows{Table: t.Name, Rows: n})
 	}
 	return rep, nil
 }

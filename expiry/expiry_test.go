@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
@@ -61,10 +63,14 @@ func setup(t *testing.T) bundle {
 	return bundle{db: pgtest.New(t), clock: newClock()}
 }
 
-// purger returns a purger on the bundle's clock, with cfg's non-zero fields.
+// purger returns a purger on the bundle's clock and the alerts-backed
+// Alerts the daemon wires, with cfg's non-zero fields.
 func (b bundle) purger(cfg expiry.Config) *expiry.Purger {
 	if cfg.Clock == nil {
 		cfg.Clock = b.clock
+	}
+	if cfg.Alerts == nil {
+		cfg.Alerts = daemon.PurgeAlerts{}
 	}
 	return expiry.New(cfg, b.db.Pool, nil, nil)
 }
@@ -170,7 +176,7 @@ func TestExpiredProcessingAlertedOnce(t *testing.T) {
 	b.key(t, "young", "create_ticket", "processing", time.Minute, time.Hour)
 	b.db.Exec(t, `INSERT INTO key_holds (key, reason, actor) VALUES ('held', 'on it', 'alice')`)
 	reg := prometheus.NewRegistry()
-	p := expiry.New(expiry.Config{Clock: b.clock}, b.db.Pool, nil, expiry.NewMetrics(reg))
+	p := expiry.New(expiry.Config{Clock: b.clock, Alerts: daemon.PurgeAlerts{}}, b.db.Pool, nil, expiry.NewMetrics(reg))
 
 	for pass := 1; pass <= 2; pass++ {
 		rep := run(t, p)
@@ -240,6 +246,61 @@ func TestAlertsBoundedPerPass(t *testing.T) {
 	}
 	if n := b.db.Count(t, "alert_outbox"); n != 250 {
 		t.Fatalf("%d outbox rows; want one per key", n)
+	}
+}
+
+// failingAlerts raises through the alerts-backed implementation and fails
+// at the failAt-th key.
+type failingAlerts struct {
+	daemon.PurgeAlerts
+	failAt, calls int
+}
+
+func (f *failingAlerts) ExpiredProcessing(ctx context.Context, tx pgx.Tx, k ledger.ExpiredKey, renotifyAfter time.Duration) (bool, error) {
+	f.calls++
+	if f.calls == f.failAt {
+		return false, errors.New("outbox refused the alert")
+	}
+	return f.PurgeAlerts.ExpiredProcessing(ctx, tx, k, renotifyAfter)
+}
+
+// The alerts of a page of expired processing keys are written in the
+// transaction that read the page (invariant 8): when one fails, none of the
+// page's alerts exists, and the next pass raises them all.
+func TestExpiredAlertsShareTheirPageTransaction(t *testing.T) {
+	b := setup(t)
+	b.keys(t, "stuck", "create_ticket", "processing", 3, 3*day, -day)
+	rep, err := b.purger(expiry.Config{Alerts: &failingAlerts{failAt: 3}}).RunOnce(context.Background())
+	if err == nil || rep.Error == "" {
+		t.Fatalf("RunOnce with a failing alert: err = %v; want the failure", err)
+	}
+	if n, m := b.db.Count(t, "alert_outbox"), b.db.Count(t, "alert_state"); n != 0 || m != 0 {
+		t.Fatalf("%d outbox and %d alert_state rows after the page's transaction failed; want none", n, m)
+	}
+	if rep := run(t, b.purger(expiry.Config{})); rep.AlertsRaised != 3 || b.db.Count(t, "alert_outbox") != 3 {
+		t.Fatalf("next pass raised %d; want all 3", rep.AlertsRaised)
+	}
+}
+
+// A batch on an alert table (package alerts' statement) that hits the
+// statement timeout is a timed-out batch like a ledger one: rolled back,
+// counted, retried smaller; the pass carries on.
+func TestAlertTableBatchTimeoutShrinks(t *testing.T) {
+	b := setup(t)
+	b.db.Exec(t, `INSERT INTO alert_outbox (reason, tool, key, status, created_at) VALUES ('probe_failing', 't', 'k', 'sent', now() - interval '40 days')`)
+	ctx := context.Background()
+	blocker, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx)
+	if _, err := blocker.Exec(ctx, `LOCK TABLE alert_outbox IN EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.onSleep = func(time.Duration) { _ = blocker.Rollback(ctx) } // the lock goes after the first timeout
+	rep := run(t, b.purger(expiry.Config{BatchTimeout: 200 * time.Millisecond}))
+	if rep.TimedOutBatches != 1 || rep.DeletedFrom("alert_outbox") != 1 {
+		t.Fatalf("timed out %d, deleted %d sent alerts; want 1 and 1", rep.TimedOutBatches, rep.DeletedFrom("alert_outbox"))
 	}
 }
 
@@ -362,13 +423,14 @@ func TestBatchTimeoutShrinksAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.clock.onSleep = func(time.Duration) { _ = blocker.Rollback(ctx) } // the lock goes after the first timeout
-	rep := run(t, b.purger(expiry.Config{BatchSize: 40, BatchTimeout: 200 * time.Millisecond}))
+	p := b.purger(expiry.Config{BatchSize: 40, BatchTimeout: 200 * time.Millisecond})
+	rep := run(t, p)
 	if rep.TimedOutBatches != 1 || rep.KeysDeleted != 50 {
 		t.Fatalf("timed out %d, deleted %d; want 1 and 50", rep.TimedOutBatches, rep.KeysDeleted)
 	}
 	// 40 → 10 after the timeout, then +10% per fast batch: 10, 11, 12, 13
 	// (=46), 14; then one batch per daemon table.
-	if want := 6 + len(ledger.DaemonTables); rep.Batches != want {
+	if want := 6 + len(p.DaemonTables()); rep.Batches != want {
 		t.Fatalf("%d batches; want %d (1 timed out, then growing from 10)", rep.Batches, want)
 	}
 }
@@ -555,7 +617,7 @@ func TestDryRunDeletesNothing(t *testing.T) {
 	if rep.Keys[0].Tool != "charge_card" || rep.Keys[0].Status != "failed_retryable" || rep.Keys[0].Keys != 3 {
 		t.Fatalf("per tool and status: %+v", rep.Keys)
 	}
-	if rep.Tables[0].Table != ledger.TableAudit || rep.Tables[0].Rows != 1 {
+	if rep.Tables[0].Table != string(ledger.TableAudit) || rep.Tables[0].Rows != 1 {
 		t.Fatalf("daemon tables: %+v", rep.Tables)
 	}
 	// And the real pass does what the dry run said.

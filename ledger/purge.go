@@ -12,9 +12,12 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// This file holds every SQL statement of the purge (package expiry drives
-// it): expired keys, expired processing keys, the daemon's own tables, and
-// the advisory lock that lets one purge run at a time.
+// This file holds the purge's SQL on the ledger's tables (package expiry
+// drives it): expired keys, expired processing keys, the daemon's own tables
+// that this package owns (reconcile_audit, ledgerkeeper_runs, orphaned
+// reconcile_state), and the advisory lock that lets one purge run at a time.
+// The alert tables are trimmed by package alerts (alerts.PurgeSent,
+// alerts.TrimState).
 
 // ErrBatchTimeout says a purge statement ran past its statement timeout: the
 // batch was rolled back whole and the caller should shrink the next one.
@@ -287,6 +290,18 @@ func wrapPurge(op string, err error) error {
 	return wrap(op, err)
 }
 
+// AsBatchTimeout returns err, wrapped in ErrBatchTimeout if it is PostgreSQL
+// cancelling a statement (its statement timeout): the purger applies it to
+// the batches other packages run on its connection (the alert tables), so
+// every batch that times out shrinks the next one the same way.
+func AsBatchTimeout(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.Is(err, ErrBatchTimeout) || !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrBatchTimeout, err)
+}
+
 // ExpiredKey is a processing key past its expires_at: purge keeps it and
 // asks a human for a decision.
 type ExpiredKey struct {
@@ -381,20 +396,15 @@ func PreviewPurge(ctx context.Context, db DBTX, p PurgePolicy) (PurgePreview, er
 	return out, nil
 }
 
-// DaemonTable names one of ledgerkeeper's own tables that purge trims by
-// retention.audit_max_age.
+// DaemonTable names one of ledgerkeeper's own tables of this package that
+// purge trims by retention.audit_max_age (the alert tables are package
+// alerts').
 type DaemonTable string
 
 // The daemon's tables and what of them purge deletes.
 const (
 	// TableAudit: reconcile_audit rows older than the max age.
 	TableAudit DaemonTable = "reconcile_audit"
-	// TableOutbox: alert_outbox rows already sent, older than the max
-	// age. Pending alerts are never deleted (invariant 8).
-	TableOutbox DaemonTable = "alert_outbox"
-	// TableAlertState: alert_state rows resolved longer ago than the max
-	// age. Open alerts are kept: they drive renotify_after.
-	TableAlertState DaemonTable = "alert_state"
 	// TableRuns: ledgerkeeper_runs older than the max age, except the
 	// newest run of each kind (`status` shows it, however old).
 	TableRuns DaemonTable = "ledgerkeeper_runs"
@@ -404,7 +414,7 @@ const (
 )
 
 // DaemonTables lists them in the order a pass trims them.
-var DaemonTables = []DaemonTable{TableAudit, TableOutbox, TableAlertState, TableRuns, TableOrphanState}
+var DaemonTables = []DaemonTable{TableAudit, TableRuns, TableOrphanState}
 
 // daemonPurge holds, per table, the one bounded DELETE (limit in $1, max age
 // in $2 unless ageless; each re-checks its condition on the rows it deletes)
@@ -418,18 +428,6 @@ var daemonPurge = map[DaemonTable]struct {
 			SELECT id FROM reconcile_audit WHERE created_at < now() - $2::interval ORDER BY created_at LIMIT $1)
 			AND created_at < now() - $2::interval`,
 		count: `SELECT count(*) FROM reconcile_audit WHERE created_at < now() - $1::interval`,
-	},
-	TableOutbox: {
-		del: `DELETE FROM alert_outbox WHERE id IN (
-			SELECT id FROM alert_outbox WHERE status = 'sent' AND created_at < now() - $2::interval ORDER BY created_at LIMIT $1)
-			AND status = 'sent' AND created_at < now() - $2::interval`,
-		count: `SELECT count(*) FROM alert_outbox WHERE status = 'sent' AND created_at < now() - $1::interval`,
-	},
-	TableAlertState: {
-		del: `DELETE FROM alert_state WHERE (reason, subject) IN (
-			SELECT reason, subject FROM alert_state WHERE resolved_at < now() - $2::interval LIMIT $1)
-			AND resolved_at < now() - $2::interval`,
-		count: `SELECT count(*) FROM alert_state WHERE resolved_at < now() - $1::interval`,
 	},
 	TableRuns: {
 		del: `DELETE FROM ledgerkeeper_runs r WHERE id IN (
@@ -473,27 +471,20 @@ func PurgeDaemonBatch(ctx context.Context, db DBTX, table DaemonTable, maxAge ti
 	return tag.RowsAffected(), nil
 }
 
-// DaemonTableCount is a number of rows of one daemon table.
-type DaemonTableCount struct {
-	Table DaemonTable `json:"table"`
-	Rows  int64       `json:"rows"`
-}
-
-// PreviewDaemonPurge counts what PurgeDaemonBatch would delete from each
-// daemon table, in DaemonTables order.
-func PreviewDaemonPurge(ctx context.Context, db DBTX, maxAge time.Duration) ([]DaemonTableCount, error) {
-	out := make([]DaemonTableCount, 0, len(DaemonTables))
-	for _, t := range DaemonTables {
-		var n int64
-		q := daemonPurge[t]
-		args := []any{maxAge}
-		if q.ageless {
-			args = nil
-		}
-		if err := db.QueryRow(ctx, q.count, args...).Scan(&n); err != nil {
-			return nil, wrap("count purgeable "+string(t), err)
-		}
-		out = append(out, DaemonTableCount{Table: t, Rows: n})
+// CountDaemonPurge counts what PurgeDaemonBatch would delete from table,
+// all batches together.
+func CountDaemonPurge(ctx context.Context, db DBTX, table DaemonTable, maxAge time.Duration) (int64, error) {
+	q, ok := daemonPurge[table]
+	if !ok {
+		panic("ledger: unknown daemon table " + string(table))
 	}
-	return out, nil
+	args := []any{maxAge}
+	if q.ageless {
+		args = nil
+	}
+	var n int64
+	if err := db.QueryRow(ctx, q.count, args...).Scan(&n); err != nil {
+		return 0, wrap("count purgeable "+string(table), err)
+	}
+	return n, nil
 }

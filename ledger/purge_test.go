@@ -216,6 +216,42 @@ func TestPurgeBatchTimeout(t *testing.T) {
 	}
 }
 
+// AsBatchTimeout marks a statement timeout of any package's statement as
+// ErrBatchTimeout, once, and leaves every other error as it is.
+func TestAsBatchTimeout(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if err := SetStatementTimeout(ctx, conn, 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	defer SetStatementTimeout(ctx, conn, 0)
+	_, slow := conn.Exec(ctx, `SELECT pg_sleep(5)`)
+	if slow == nil {
+		t.Fatal("pg_sleep(5) finished under a 50ms statement timeout")
+	}
+	got := AsBatchTimeout(slow)
+	if !errors.Is(got, ErrBatchTimeout) {
+		t.Fatalf("AsBatchTimeout(%v) = %v; want ErrBatchTimeout", slow, got)
+	}
+	if again := AsBatchTimeout(got); again != got {
+		t.Fatalf("AsBatchTimeout wrapped twice: %v", again)
+	}
+	_, bad := conn.Exec(ctx, `SELECT no_such_column FROM idempotency_keys`)
+	if bad == nil || AsBatchTimeout(bad) != bad {
+		t.Fatalf("another PostgreSQL error changed: %v", AsBatchTimeout(bad))
+	}
+	plain := errors.New("not a database error")
+	if AsBatchTimeout(plain) != plain || AsBatchTimeout(nil) != nil {
+		t.Fatal("a non-database error or nil changed")
+	}
+}
+
 func TestPurgeLock(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)

@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sort"
 	"time"
 
@@ -99,7 +100,10 @@ func Stats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, error) {
 
 // StuckStats counts processing keys per tool, in flight and stuck, through
 // the partial index only: its cost follows the number of processing keys,
-// not the table's size, so the daemon can export it as metrics.
+// not the table's size, so the daemon can export it as metrics. It sends two
+// statements whatever the number of tools: one finds the tools with
+// processing keys, the other counts every tool's stuck keys against its own
+// windows, passed as arrays.
 func StuckStats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, error) {
 	rows, err := db.Query(ctx, `SELECT tool, count(*) FROM idempotency_keys WHERE status = 'processing' GROUP BY tool ORDER BY tool`)
 	if err != nil {
@@ -115,26 +119,54 @@ func StuckStats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, err
 	if err != nil {
 		return nil, wrap("count processing keys", err)
 	}
-	for i := range out {
-		s := &out[i]
-		w, hb := windows(s.Tool)
-		var age *float64
-		var heldStuck int
-		// A held key is parked by an operator: not stuck, not in flight.
-		err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT held), min(claimed_at) FILTER (WHERE NOT held),
-				extract(epoch FROM now() - min(claimed_at) FILTER (WHERE NOT held))::float8, count(*) FILTER (WHERE held)
+	if len(out) == 0 {
+		return out, nil
+	}
+	tools := make([]string, len(out))
+	wins := make([]time.Duration, len(out))
+	hbs := make([]time.Duration, len(out))
+	for i, s := range out {
+		tools[i] = s.Tool
+		wins[i], hbs[i] = windows(s.Tool)
+	}
+	// One range scan of the partial index per tool (the LATERAL join),
+	// in one statement. A held key is parked by an operator: not stuck,
+	// not in flight.
+	rows, err = db.Query(ctx, `SELECT w.ord, s.stuck, s.oldest, s.age, s.held
+		FROM unnest($1::text[], $2::interval[], $3::interval[]) WITH ORDINALITY AS w(tool, win, hb, ord)
+		CROSS JOIN LATERAL (
+			SELECT count(*) FILTER (WHERE NOT held) AS stuck, min(claimed_at) FILTER (WHERE NOT held) AS oldest,
+				extract(epoch FROM now() - min(claimed_at) FILTER (WHERE NOT held))::float8 AS age,
+				count(*) FILTER (WHERE held) AS held
 			FROM (SELECT k.claimed_at, EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key) AS held
 			      FROM idempotency_keys k
-			      WHERE k.status = 'processing' AND k.tool = $1 AND k.claimed_at <= now() - $2::interval
-			        AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - $3::interval)) s`, s.Tool, w, hb).
-			Scan(&s.Stuck, &s.OldestStuckClaimedAt, &age, &heldStuck)
-		if err != nil {
-			return nil, wrap("count stuck keys", err)
+			      WHERE k.status = 'processing' AND k.tool = w.tool AND k.claimed_at <= now() - w.win
+			        AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - w.hb)) k
+		) s`, tools, wins, hbs)
+	if err != nil {
+		return nil, wrap("count stuck keys", err)
+	}
+	var (
+		ord       int
+		stuck     int
+		oldest    *time.Time
+		age       *float64
+		heldStuck int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&ord, &stuck, &oldest, &age, &heldStuck}, func() error {
+		if ord < 1 || ord > len(out) {
+			return fmt.Errorf("stuck count for tool number %d of %d", ord, len(out))
 		}
-		s.InWindow = max(s.InWindow-s.Stuck-heldStuck, 0)
+		s := &out[ord-1]
+		s.Stuck, s.OldestStuckClaimedAt = stuck, oldest // pgx allocates a new *time.Time per row
+		s.InWindow = max(s.InWindow-stuck-heldStuck, 0)
 		if age != nil {
 			s.OldestStuckAgeSeconds = *age
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, wrap("count stuck keys", err)
 	}
 	return out, nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 )
 
 func newPurgeCmd(a *app) *cobra.Command {
@@ -98,6 +99,7 @@ outbox for 'serve' to deliver.`,
 func purgeConfig(cfg *config.Config, actor string) expiry.Config {
 	r := cfg.Retention
 	c := expiry.Config{
+		Alerts:        daemon.PurgeAlerts{},
 		MinAge:        r.MinAge.D(),
 		BatchSize:     r.BatchSize,
 		BatchPause:    r.BatchPause.D(),
@@ -219,15 +221,15 @@ func printDryRun(w io.Writer, rep expiry.DryRunReport, cfg expiry.Config) {
 		}
 	}
 
-	var daemon []string
+	var own []string
 	for _, t := range rep.Tables {
 		if t.Rows > 0 {
-			daemon = append(daemon, fmt.Sprintf("%s %s", purgeCount(t.Rows), t.Table))
+			own = append(own, fmt.Sprintf("%s %s", purgeCount(t.Rows), t.Table))
 		}
 	}
-	if len(daemon) > 0 {
+	if len(own) > 0 {
 		fmt.Fprintf(w, "\nledgerkeeper's own rows older than %s (retention.audit_max_age) would go too: %s.\n",
-			purgeDuration(cfg.AuditMaxAge), strings.Join(daemon, ", "))
+			purgeDuration(cfg.AuditMaxAge), strings.Join(own, ", "))
 	}
 }
 

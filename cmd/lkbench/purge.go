@@ -16,6 +16,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 )
@@ -98,6 +99,7 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	logf := logger(stderr)
 	lkCfg := expiry.Config{
+		Alerts:      daemon.PurgeAlerts{},
 		MinAge:      config.DefaultRetentionMinAge,
 		BatchSize:   cmpOr(*batchSize, config.DefaultRetentionBatchSize),
 		BatchPause:  cmpOr(*pause, config.DefaultRetentionBatchPause),
