@@ -3,10 +3,10 @@ package reconcile
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
@@ -76,7 +76,8 @@ func Decide(in Input) Plan {
 	}
 	attemptsAfter := l.Attempts + 1
 	backoff := func() time.Duration {
-		return Backoff(rules.BackoffBase, rules.BackoffMax, attemptsAfter, in.Jitter)
+		// base * 2^(attempts-1), capped, jittered.
+		return backoff.Delay(rules.BackoffBase, rules.BackoffMax, attemptsAfter-1, in.Jitter)
 	}
 	pl := Plan{Conclusive: true, Age: age, Resolve: l.Attempts > 0 || !l.ExpiresAt.After(in.Now)}
 	details := alerts.Details{Attempts: attemptsAfter, ClaimedAt: &l.ClaimedAt, CreatedAt: &l.CreatedAt, Verdict: string(res.Verdict), LastError: d.Error}
@@ -138,16 +139,4 @@ func Decide(in Input) Plan {
 	}
 	pl.Decision = d
 	return pl
-}
-
-// Backoff is the delay before a key's next probe after attempts
-// inconclusive attempts: base * 2^(attempts-1), capped at maxDelay, times
-// jitter (0 means 1).
-func Backoff(base, maxDelay time.Duration, attempts int, jitter float64) time.Duration {
-	exp := math.Pow(2, float64(max(attempts-1, 0)))
-	d := time.Duration(math.Min(float64(base)*exp, float64(maxDelay)))
-	if jitter == 0 {
-		jitter = 1
-	}
-	return time.Duration(float64(d) * jitter)
 }

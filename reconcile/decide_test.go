@@ -123,14 +123,3 @@ func TestDecideTable(t *testing.T) {
 		})
 	}
 }
-
-// Jitter spreads the back-off, within the bounds the runner draws from.
-func TestBackoffJitter(t *testing.T) {
-	t.Parallel()
-	if got := reconcile.Backoff(30*time.Second, time.Hour, 3, 1.1); got != 132*time.Second {
-		t.Fatalf("Backoff with jitter 1.1 = %s, want 2m12s", got)
-	}
-	if got := reconcile.Backoff(30*time.Second, time.Hour, 3, 0); got != 2*time.Minute {
-		t.Fatalf("Backoff with jitter 0 (none) = %s, want 2m", got)
-	}
-}

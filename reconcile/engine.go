@@ -31,6 +31,8 @@ const (
 	DefaultBreakerMaxCooldown = 30 * time.Minute
 	DefaultRenotifyAfter      = 4 * time.Hour
 	DefaultProcessingWindow   = 30 * time.Second
+	DefaultMaxDuration        = 10 * time.Minute
+	DefaultReportKeys         = 1000
 	DefaultSelfCheckInterval  = 10 * time.Minute
 	DefaultSelfCheckSamples   = 3
 	DefaultSelfCheckMaxAge    = 6 * time.Hour
@@ -106,6 +108,13 @@ type Config struct {
 	BreakerMaxCooldown time.Duration
 	// RenotifyAfter: see alerts.Raise. Default 4h.
 	RenotifyAfter time.Duration
+	// MaxDuration bounds a pass: past it no more keys are leased (those
+	// in flight are finished and written); the rest wait for the next
+	// pass. Default 10m.
+	MaxDuration time.Duration
+	// ReportKeys bounds the key lines a pass report keeps (counts are
+	// always complete). Default 1000; negative keeps none.
+	ReportKeys int
 	// SelfCheckInterval is how long a passing self-check vouches for a
 	// tool's probe (shared across replicas). Default 10m. A failing one is
 	// repeated every pass.
@@ -134,6 +143,8 @@ func (c *Config) applyDefaults() {
 	c.BreakerCooldown = cmp.Or(c.BreakerCooldown, DefaultBreakerCooldown)
 	c.BreakerMaxCooldown = cmp.Or(c.BreakerMaxCooldown, DefaultBreakerMaxCooldown)
 	c.RenotifyAfter = cmp.Or(c.RenotifyAfter, DefaultRenotifyAfter)
+	c.MaxDuration = cmp.Or(c.MaxDuration, DefaultMaxDuration)
+	c.ReportKeys = cmp.Or(c.ReportKeys, DefaultReportKeys)
 	c.SelfCheckInterval = cmp.Or(c.SelfCheckInterval, DefaultSelfCheckInterval)
 	c.SelfCheckSamples = cmp.Or(c.SelfCheckSamples, DefaultSelfCheckSamples)
 	c.SelfCheckMaxAge = cmp.Or(c.SelfCheckMaxAge, DefaultSelfCheckMaxAge)

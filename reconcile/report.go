@@ -40,9 +40,18 @@ type Report struct {
 	DryRun    bool           `json:"dry_run"`
 	StartedAt time.Time      `json:"started_at"`
 	Duration  time.Duration  `json:"duration_ns"`
-	Actions   map[string]int `json:"actions"`
-	Tools     []ToolReport   `json:"tools"`
-	Keys      []KeyResult    `json:"keys"`
+	// Actions counts every decision of the pass by action.
+	Actions map[string]int `json:"actions"`
+	Tools   []ToolReport   `json:"tools"`
+	// Decided counts the keys decided (or whose write failed).
+	Decided int `json:"decided"`
+	// Keys lists the first Config.ReportKeys of them; KeysOmitted says how
+	// many more there were.
+	Keys        []KeyResult `json:"keys"`
+	KeysOmitted int         `json:"keys_omitted"`
+	// OutOfTime: the pass stopped leasing keys when it reached
+	// Config.MaxDuration; what was left is due for the next pass.
+	OutOfTime bool `json:"out_of_time,omitempty"`
 	// Skipped lists --key arguments that were not reconciled, and why.
 	Skipped []KeyResult `json:"skipped,omitempty"`
 	// AlertsRaised counts alerts written to the outbox.
@@ -54,7 +63,14 @@ type Report struct {
 func (p *pass) add(r KeyResult) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.report.Keys = append(p.report.Keys, r)
+	// A pass over a huge backlog keeps counting but stops listing: its
+	// memory stays flat whatever the number of keys.
+	if len(p.report.Keys) < p.e.cfg.ReportKeys {
+		p.report.Keys = append(p.report.Keys, r)
+	} else {
+		p.report.KeysOmitted++
+	}
+	p.report.Decided++
 	p.report.Actions[r.Action]++
 	p.report.AlertsRaised += len(r.Alerts)
 	if p.e.metrics != nil {

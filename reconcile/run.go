@@ -2,8 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"slices"
@@ -11,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ledgerkeeper/ledgerkeeper/internal/lease"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
@@ -63,7 +62,7 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 	p := &pass{
 		e:      e,
 		opts:   opts,
-		owner:  e.cfg.Actor + "/" + nonce(),
+		owner:  lease.Token(e.cfg.Actor),
 		sem:    make(chan struct{}, e.cfg.Concurrency),
 		budget: &budget{left: -1},
 		report: Report{Actor: e.cfg.Actor, DryRun: opts.DryRun, StartedAt: start, Actions: map[string]int{}},
@@ -120,7 +119,7 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 		e.metrics.observePass(p.report, err)
 	}
 	if !opts.DryRun {
-		stats, _ := json.Marshal(map[string]any{"actions": p.report.Actions, "keys": len(p.report.Keys), "alerts_raised": p.report.AlertsRaised})
+		stats, _ := json.Marshal(map[string]any{"actions": p.report.Actions, "keys": p.report.Decided, "alerts_raised": p.report.AlertsRaised})
 		rec := ledger.Run{Kind: "reconcile", Actor: e.cfg.Actor, StartedAt: start, Stats: stats}
 		if err != nil {
 			rec.Error = err.Error()
@@ -260,6 +259,10 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 	var after ledger.Leased // a dry run pages without leasing
 	waitTrial := t.halfOpen
 	for ctx.Err() == nil && !t.isOpen() {
+		if time.Since(p.report.StartedAt) >= p.e.cfg.MaxDuration {
+			p.outOfTime()
+			break
+		}
 		if lp.IgnoreBackoff && len(lp.Keys) == 0 {
 			break // every named key was taken once this pass
 		}
@@ -355,8 +358,12 @@ func (t *toolRun) recordVerdict(conclusive bool) {
 	}
 }
 
-func nonce() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+// outOfTime notes that the pass reached its time budget.
+func (p *pass) outOfTime() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.report.OutOfTime {
+		p.report.OutOfTime = true
+		p.e.logger.Warn("reconcile pass reached its time budget: the keys left are due for the next pass", "max_duration", p.e.cfg.MaxDuration)
+	}
 }

@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	mrand "math/rand/v2"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
@@ -27,7 +27,7 @@ func (t *toolRun) decide(_ context.Context, pr probed) *plan {
 		// monotonic local duration): no replica's wall clock enters a
 		// decision.
 		Now:    l.Now.Add(time.Since(pr.leasedAt)),
-		Jitter: 0.9 + 0.2*mrand.Float64(),
+		Jitter: backoff.Jitter(0.9, 1.1),
 	}
 	res.Evidence = cfg.Redactor.JSON(res.Evidence)
 	in.Result = res

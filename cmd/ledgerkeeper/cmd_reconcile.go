@@ -138,12 +138,12 @@ func printReconcile(w io.Writer, rep reconcile.Report, delivery *alerts.Report) 
 		}
 	}
 	switch {
-	case len(rep.Keys) == 0 && held > 0:
+	case rep.Decided == 0 && held > 0:
 		fmt.Fprintf(w, "%s no key in %s: %d tool(s) left alone, their keys unchanged (see below).\n", verb, rep.Duration.Round(time.Millisecond), held)
-	case len(rep.Keys) == 0:
+	case rep.Decided == 0:
 		fmt.Fprintf(w, "%s no due keys in %s.\n", verb, rep.Duration.Round(time.Millisecond))
 	default:
-		fmt.Fprintf(w, "%s %d key(s) in %s: %s.\n", verb, len(rep.Keys), rep.Duration.Round(time.Millisecond), summarize(rep.Actions))
+		fmt.Fprintf(w, "%s %d key(s) in %s: %s.\n", verb, rep.Decided, rep.Duration.Round(time.Millisecond), summarize(rep.Actions))
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "\nTOOL\tKEY\tAGE\tATTEMPTS\tVERDICT\tACTION\tDETAIL")
 		for _, k := range rep.Keys {
@@ -155,6 +155,12 @@ func printReconcile(w io.Writer, rep reconcile.Report, delivery *alerts.Report) 
 				k.Attempts, k.Verdict, k.Action, oneLine(detail, 100))
 		}
 		tw.Flush()
+		if rep.KeysOmitted > 0 {
+			fmt.Fprintf(w, "(%d more key(s) decided, not listed: the counts above include them; 'ledgerkeeper inspect KEY' shows any key's history)\n", rep.KeysOmitted)
+		}
+	}
+	if rep.OutOfTime {
+		fmt.Fprintln(w, "The pass reached reconcile.max_duration: the keys left are due for the next pass.")
 	}
 	for _, s := range rep.Skipped {
 		fmt.Fprintf(w, "skipped %s: %s\n", s.Key, strings.ReplaceAll(s.Action, "_", " "))

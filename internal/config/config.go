@@ -122,6 +122,9 @@ type Reconcile struct {
 	BackoffMax  Duration `yaml:"backoff_max" json:"backoff_max"`
 	// Breaker is the per-tool circuit breaker.
 	Breaker Breaker `yaml:"breaker" json:"breaker"`
+	// MaxDuration bounds one pass: past it no more keys are leased; the
+	// rest wait for the next pass. Default 10m.
+	MaxDuration Duration `yaml:"max_duration" json:"max_duration"`
 }
 
 // Breaker opens a tool's circuit after Failures consecutive unknown verdicts
@@ -289,6 +292,7 @@ func (c *Config) ApplyDefaults() {
 	r.Breaker.Failures = cmp.Or(r.Breaker.Failures, DefaultBreakerFailures)
 	r.Breaker.Cooldown = orDur(r.Breaker.Cooldown, DefaultBreakerCooldown)
 	r.Breaker.MaxCooldown = orDur(r.Breaker.MaxCooldown, DefaultBreakerMaxCooldown)
+	r.MaxDuration = orDur(r.MaxDuration, reconcile.DefaultMaxDuration)
 
 	c.SelfCheck.Interval = orDur(c.SelfCheck.Interval, reconcile.DefaultSelfCheckInterval)
 	c.SelfCheck.Samples = cmp.Or(c.SelfCheck.Samples, reconcile.DefaultSelfCheckSamples)

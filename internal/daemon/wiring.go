@@ -151,6 +151,7 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 		BreakerCooldown:      r.Breaker.Cooldown.D(),
 		BreakerMaxCooldown:   r.Breaker.MaxCooldown.D(),
 		RenotifyAfter:        cfg.Alerts.RenotifyAfter.D(),
+		MaxDuration:          r.MaxDuration.D(),
 		SelfCheckInterval:    cfg.SelfCheck.Interval.D(),
 		SelfCheckSamples:     cfg.SelfCheck.Samples,
 		SelfCheckMaxAge:      cfg.SelfCheck.MaxAge.D(),
