@@ -11,8 +11,13 @@
 // renotify_after enqueues nothing, and ResolveKey/ResolveTool enqueue one
 // "resolved" row per open alert (like Alertmanager's send_resolved). Keys
 // resolved behind the reconciler's back (the original attempt completed)
-// are found with OpenKeyAlerts by the reconciler's sweep, which then calls
-// ResolveKey.
+// are found with OpenKeyAlertsAfter by the reconciler's sweep, which
+// resolves a page of them at once with ResolveKeys (one statement).
+//
+// Retention: purge (package expiry, through its Alerts interface) trims
+// sent outbox rows (PurgeSent) and resolved alert_state rows (TrimState)
+// older than retention.audit_max_age, in bounded batches; pending alerts and
+// open alert state are never deleted.
 //
 // # Delivering
 //

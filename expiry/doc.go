@@ -18,16 +18,26 @@
 //     snapshot, and the batch is rolled back and chosen again without it.
 //
 // Its reconcile_state row goes with it. Expired processing keys are counted
-// on each pass and each gets one expired_processing alert in the outbox
-// (alerts.Raise de-duplicates per key for renotify_after, so a key is
-// alerted once, not once per pass); at most MaxAlertsPerPass are raised per
-// pass. Held keys are not alerted: the hold is the operator's
-// acknowledgement.
+// on each pass and each gets one expired_processing alert in the outbox, in
+// the transaction that read its page of keys (invariant 8), de-duplicated
+// per key for renotify_after, so a key is alerted once, not once per pass;
+// at most MaxAlertsPerPass are raised per pass. Held keys are not alerted:
+// the hold is the operator's acknowledgement.
 //
 // The daemon's own tables are trimmed by AuditMaxAge: reconcile_audit rows,
 // sent alert_outbox rows (pending ones never), resolved alert_state rows,
 // ledgerkeeper_runs (keeping the newest of each kind), and reconcile_state
 // rows whose key no longer exists.
+//
+// # Alerts
+//
+// This package does not import package alerts, which owns alert_outbox and
+// alert_state: it asks for what it needs through Config.Alerts (the Alerts
+// interface: raise one expired_processing alert inside a given transaction,
+// and the alert tables to trim with their statements).
+// internal/daemon.PurgeAlerts is the implementation every binary wires. A
+// statement timeout on an alert-table batch shrinks the next batch like
+// one on the ledger's (ledger.AsBatchTimeout).
 //
 // # One pass
 //
