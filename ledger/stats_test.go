@@ -113,3 +113,21 @@ func TestStuckStatsPerToolWindowsInConstantStatements(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// Statuses reads many keys in one statement; a key not in the ledger is
+// absent from the map.
+func TestStatuses(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	claim(t, db.Pool, "p", "h")
+	claim(t, db.Pool, "c", "h")
+	db.Exec(t, `UPDATE idempotency_keys SET status = 'completed' WHERE key = 'c'`)
+	cdb := &countingDB{db: db.Pool}
+	got, err := ledger.Statuses(context.Background(), cdb, []string{"p", "c", "gone"})
+	if err != nil || len(got) != 2 || got["p"] != ledger.StatusProcessing || got["c"] != ledger.StatusCompleted || cdb.n.Load() != 1 {
+		t.Fatalf("Statuses = %v, %v (%d statements)", got, err, cdb.n.Load())
+	}
+	if got, err := ledger.Statuses(context.Background(), cdb, nil); err != nil || len(got) != 0 || cdb.n.Load() != 1 {
+		t.Fatalf("Statuses(nil) = %v, %v; want nothing, no statement", got, err)
+	}
+}
