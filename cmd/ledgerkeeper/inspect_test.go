@@ -1,0 +1,41 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+)
+
+// inspect of a key no longer in the ledger whose audit trail remains says
+// so (exit 1, as for a key never claimed), naming the trail's newest entry;
+// a key in flight and a stuck one are told apart by the database's clock.
+func TestInspectPurgedAndJudged(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	stuckKey(t, db, "create_ticket", "gone", time.Hour)
+	stuckKey(t, db, "create_ticket", "young", 0)
+	stuckKey(t, db, "create_ticket", "old", time.Hour)
+	if code, _, stderr := cli(t, "hold", "gone", "--reason", "r", "--actor", "alice", "--database-url", db.URL); code != 0 {
+		t.Fatalf("hold: %d %s", code, stderr)
+	}
+	if code, _, stderr := cli(t, "release", "gone", "--actor", "bob", "--database-url", db.URL); code != 0 {
+		t.Fatalf("release: %d %s", code, stderr)
+	}
+	db.Exec(t, `DELETE FROM idempotency_keys WHERE key = 'gone'`)
+
+	code, out, stderr := cli(t, "inspect", "gone", "--database-url", db.URL)
+	if code != 1 || out != "" || !strings.Contains(stderr, `no key "gone" in the ledger: purged`) ||
+		!strings.Contains(stderr, "audit trail remains: 2 entries, the newest release by bob") {
+		t.Fatalf("inspect of a purged key: %d %q %q", code, out, stderr)
+	}
+	code, out, _ = cli(t, "inspect", "young", "--database-url", db.URL)
+	if code != 0 || !strings.Contains(out, "processing (in flight") {
+		t.Fatalf("inspect of a young key: %d\n%s", code, out)
+	}
+	code, out, _ = cli(t, "inspect", "old", "--database-url", db.URL)
+	if code != 0 || !strings.Contains(out, "processing (stuck: past its window") {
+		t.Fatalf("inspect of a stuck key: %d\n%s", code, out)
+	}
+}
