@@ -2,6 +2,7 @@
 // subcommand per concern:
 //
 //	lkbench purge [flags]   purge variants side by side under a fixed-rate writer
+//	lkbench rss [flags]     memory of a pass over backlogs of several sizes
 //
 // Each subcommand runs against an ephemeral durable cluster started from the
 // local PostgreSQL binaries (fsync on, so WAL and commit costs are real), or
@@ -26,6 +27,7 @@ var subcommands = map[string]struct {
 	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }{
 	"purge": {"purge variants side by side under a fixed-rate claim+complete writer", runPurge},
+	"rss":   {"peak RSS of the ledgerkeeper binary's pass over stuck backlogs of several sizes", runRSS},
 }
 
 func main() {
