@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // Alerts is what a purge pass needs of the alert tables, which package
@@ -19,7 +20,7 @@ type Alerts interface {
 	// if that observation does (invariant 8). An alert of k raised less
 	// than renotifyAfter ago and not resolved since is not raised again;
 	// it reports whether it raised one.
-	ExpiredProcessing(ctx context.Context, tx pgx.Tx, k ledger.ExpiredKey, renotifyAfter time.Duration) (raised bool, err error)
+	ExpiredProcessing(ctx context.Context, tx pgx.Tx, k store.ExpiredKey, renotifyAfter time.Duration) (raised bool, err error)
 	// Tables lists the alert tables a pass trims by AuditMaxAge, in the
 	// order it trims them.
 	Tables() []Table
@@ -41,14 +42,14 @@ type Table struct {
 }
 
 // ledgerTable is a Table of package ledger's own.
-func ledgerTable(t ledger.DaemonTable) Table {
+func ledgerTable(t store.DaemonTable) Table {
 	return Table{
 		Name: string(t),
 		Purge: func(ctx context.Context, db ledger.DBTX, maxAge time.Duration, limit int) (int64, error) {
-			return ledger.PurgeDaemonBatch(ctx, db, t, maxAge, limit)
+			return store.PurgeDaemonBatch(ctx, db, t, maxAge, limit)
 		},
 		Count: func(ctx context.Context, db ledger.DBTX, maxAge time.Duration) (int64, error) {
-			return ledger.CountDaemonPurge(ctx, db, t, maxAge)
+			return store.CountDaemonPurge(ctx, db, t, maxAge)
 		},
 	}
 }
@@ -57,7 +58,7 @@ func ledgerTable(t ledger.DaemonTable) Table {
 // it trims them: the audit, the alert tables, the run records, orphaned
 // reconcile_state rows.
 func (p *Purger) DaemonTables() []Table {
-	out := []Table{ledgerTable(ledger.TableAudit)}
+	out := []Table{ledgerTable(store.TableAudit)}
 	out = append(out, p.cfg.Alerts.Tables()...)
-	return append(out, ledgerTable(ledger.TableRuns), ledgerTable(ledger.TableOrphanState))
+	return append(out, ledgerTable(store.TableRuns), ledgerTable(store.TableOrphanState))
 }

@@ -37,7 +37,7 @@
 // and the alert tables to trim with their statements).
 // internal/daemon.PurgeAlerts is the implementation every binary wires. A
 // statement timeout on an alert-table batch shrinks the next batch like
-// one on the ledger's (ledger.AsBatchTimeout).
+// one on the ledger's (store.AsBatchTimeout).
 //
 // # One pass
 //
@@ -50,7 +50,7 @@
 //	   ┌──► budget left? ──no──► stop between batches (BudgetExhausted; the next pass carries on)
 //	   │          │ yes
 //	   │          ▼
-//	   │   batch: one transaction, ≤ size rows (see ledger.PurgeExpiredBatch)
+//	   │   batch: one transaction, ≤ size rows (see store.PurgeExpiredBatch)
 //	   │          │
 //	   │          ▼
 //	   └── pause (pacing) ◄── more rows?  ── no ──► daemon tables, same loop ──► RecordRun, unlock

@@ -11,8 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // Defaults for Config's zero values. The pacing defaults come from the
@@ -135,8 +134,8 @@ func (c Config) mustValidate() {
 	}
 }
 
-func (c Config) policy() ledger.PurgePolicy {
-	return ledger.PurgePolicy{MinAge: c.MinAge, ToolMinAge: c.ToolMinAge}
+func (c Config) policy() store.PurgePolicy {
+	return store.PurgePolicy{MinAge: c.MinAge, ToolMinAge: c.ToolMinAge}
 }
 
 // Purger runs purge passes. The daemon calls RunOnce on its schedule
@@ -178,7 +177,7 @@ type Report struct {
 	// Deleted counts rows deleted per table, idempotency_keys first.
 	Deleted []TableRows `json:"deleted"`
 	// Keys breaks the deleted idempotency_keys rows down by tool and status.
-	Keys []ledger.PurgeCount `json:"keys_by_tool_status"`
+	Keys []store.PurgeCount `json:"keys_by_tool_status"`
 	// KeysDeleted is the total of Keys.
 	KeysDeleted int64 `json:"keys_deleted"`
 	// RowsPerSecond is KeysDeleted over the pass's duration.
@@ -236,7 +235,7 @@ func (r Report) DeletedFrom(table string) int64 {
 	return 0
 }
 
-func (r *Report) addKeys(cs []ledger.PurgeCount) {
+func (r *Report) addKeys(cs []store.PurgeCount) {
 	for _, c := range cs {
 		found := false
 		for i := range r.Keys {
@@ -280,7 +279,7 @@ func (p *Purger) RunOnce(ctx context.Context) (Report, error) {
 		// explicit unlock below could not be sent.
 		_ = conn.Close(cctx)
 	}()
-	ok, err := ledger.TryPurgeLock(ctx, conn)
+	ok, err := store.TryPurgeLock(ctx, conn)
 	if err != nil {
 		return rep, fmt.Errorf("purge: %w", err)
 	}
@@ -293,7 +292,7 @@ func (p *Purger) RunOnce(ctx context.Context) (Report, error) {
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		_ = ledger.ReleasePurgeLock(cctx, conn)
+		_ = store.ReleasePurgeLock(cctx, conn)
 	}()
 
 	busy, err := p.pass(ctx, conn, &rep, start.Add(c.MaxDuration))
@@ -332,7 +331,7 @@ func (p *Purger) dedicated(ctx context.Context) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("purge: connect to the database: %w", err)
 	}
 	conn := pc.Hijack()
-	if err := ledger.SetStatementTimeout(ctx, conn, p.cfg.BatchTimeout); err != nil {
+	if err := store.SetStatementTimeout(ctx, conn, p.cfg.BatchTimeout); err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("purge: %w", err)
 	}
@@ -348,10 +347,10 @@ func (p *Purger) pass(ctx context.Context, conn *pgx.Conn, rep *Report, deadline
 
 	// The ledger itself.
 	pc := newPacer(p.cfg)
-	var cursor ledger.PurgeCursor
+	var cursor store.PurgeCursor
 	out, err := p.paced(ctx, rep, pc, deadline, func(ctx context.Context, size int) (bool, error) {
 		p.metrics.setBatchSize(size)
-		res, err := ledger.PurgeExpiredBatch(ctx, conn, p.cfg.policy(), cursor, size)
+		res, err := store.PurgeExpiredBatch(ctx, conn, p.cfg.policy(), cursor, size)
 		if err != nil {
 			return false, err
 		}
@@ -383,7 +382,7 @@ func (p *Purger) pass(ctx context.Context, conn *pgx.Conn, rep *Report, deadline
 			if err != nil {
 				// Every table's batch that times out shrinks the next,
 				// whichever package's statement it was.
-				return false, ledger.AsBatchTimeout(err)
+				return false, store.AsBatchTimeout(err)
 			}
 			rep.add(t.Name, n)
 			p.metrics.deleted(t.Name, n)
@@ -417,7 +416,7 @@ func (p *Purger) paced(ctx context.Context, rep *Report, pc *pacer, deadline tim
 		t0 := clock.Now()
 		done, err := batch(ctx, pc.size)
 		d := clock.Now().Sub(t0)
-		timedOut := errors.Is(err, ledger.ErrBatchTimeout)
+		timedOut := errors.Is(err, store.ErrBatchTimeout)
 		if err != nil && !timedOut {
 			return false, err
 		}
@@ -449,7 +448,7 @@ func (p *Purger) paced(ctx context.Context, rep *Report, pc *pacer, deadline tim
 // alertExpired counts expired processing keys and raises one alert per key
 // (bounded per pass), each page in the transaction that reads it.
 func (p *Purger) alertExpired(ctx context.Context, conn *pgx.Conn, rep *Report, deadline time.Time) error {
-	total, held, err := ledger.CountExpiredProcessing(ctx, conn)
+	total, held, err := store.CountExpiredProcessing(ctx, conn)
 	if err != nil {
 		return err
 	}
@@ -458,11 +457,11 @@ func (p *Purger) alertExpired(ctx context.Context, conn *pgx.Conn, rep *Report, 
 	if total-held == 0 {
 		return nil
 	}
-	var cursor ledger.PurgeCursor
+	var cursor store.PurgeCursor
 	for rep.AlertsRaised < p.cfg.MaxAlertsPerPass && p.cfg.Clock.Now().Before(deadline) {
 		var n int
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			keys, err := ledger.ExpiredProcessingPage(ctx, tx, cursor, alertPage)
+			keys, err := store.ExpiredProcessingPage(ctx, tx, cursor, alertPage)
 			if err != nil {
 				return err
 			}
@@ -471,7 +470,7 @@ func (p *Purger) alertExpired(ctx context.Context, conn *pgx.Conn, rep *Report, 
 				if rep.AlertsRaised >= p.cfg.MaxAlertsPerPass {
 					break
 				}
-				cursor = ledger.PurgeCursor{ExpiresAt: k.ExpiresAt, Key: k.Key}
+				cursor = store.PurgeCursor{ExpiresAt: k.ExpiresAt, Key: k.Key}
 				raised, err := p.cfg.Alerts.ExpiredProcessing(ctx, tx, k, p.cfg.RenotifyAfter)
 				if err != nil {
 					return err
@@ -506,7 +505,7 @@ func (p *Purger) record(ctx context.Context, rep Report) {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := ledger.RecordRun(rctx, p.pool, ledger.Run{
+	if err := store.RecordRun(rctx, p.pool, store.Run{
 		Kind: "purge", Actor: p.cfg.Actor, StartedAt: rep.StartedAt, Stats: stats, Error: rep.Error,
 	}); err != nil {
 		p.logger.Warn("could not record the purge pass", "err", err)
@@ -520,7 +519,7 @@ type DryRunReport struct {
 	// with these counts).
 	PurgeRunning bool `json:"purge_running"`
 	// Keys counts the keys a pass would delete, per tool and status.
-	Keys []ledger.PurgeCount `json:"would_purge"`
+	Keys []store.PurgeCount `json:"would_purge"`
 	// TotalKeys is their sum; OldestExpiresAt the oldest among them.
 	TotalKeys       int64      `json:"would_purge_total"`
 	OldestExpiresAt *time.Time `json:"oldest_expires_at,omitempty"`
@@ -536,7 +535,7 @@ type DryRunReport struct {
 	// WouldAlert lists the first expired processing keys a pass would
 	// alert (unless alerted within renotify_after), at most
 	// MaxAlertsPerPass.
-	WouldAlert []ledger.ExpiredKey `json:"would_alert"`
+	WouldAlert []store.ExpiredKey `json:"would_alert"`
 	// Tables counts the daemon-table rows a pass would delete, in the order
 	// a pass trims them.
 	Tables []TableRows `json:"daemon_tables"`
@@ -565,10 +564,10 @@ func (p *Purger) DryRun(ctx context.Context) (DryRunReport, error) {
 		}
 	}
 	var err error
-	if rep.PurgeRunning, err = ledger.PurgeRunning(ctx, p.pool); err != nil {
+	if rep.PurgeRunning, err = store.PurgeRunning(ctx, p.pool); err != nil {
 		return rep, err
 	}
-	prev, err := ledger.PreviewPurge(ctx, p.pool, c.policy())
+	prev, err := store.PreviewPurge(ctx, p.pool, c.policy())
 	if err != nil {
 		return rep, err
 	}
@@ -580,11 +579,11 @@ func (p *Purger) DryRun(ctx context.Context) (DryRunReport, error) {
 			rep.OldestExpiresAt = &t
 		}
 	}
-	if rep.ExpiredProcessing, rep.ExpiredProcessingHeld, err = ledger.CountExpiredProcessing(ctx, p.pool); err != nil {
+	if rep.ExpiredProcessing, rep.ExpiredProcessingHeld, err = store.CountExpiredProcessing(ctx, p.pool); err != nil {
 		return rep, err
 	}
 	if rep.ExpiredProcessing > rep.ExpiredProcessingHeld {
-		if rep.WouldAlert, err = ledger.ExpiredProcessingPage(ctx, p.pool, ledger.PurgeCursor{}, c.MaxAlertsPerPass); err != nil {
+		if rep.WouldAlert, err = store.ExpiredProcessingPage(ctx, p.pool, store.PurgeCursor{}, c.MaxAlertsPerPass); err != nil {
 			return rep, err
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -256,7 +257,7 @@ type failingAlerts struct {
 	failAt, calls int
 }
 
-func (f *failingAlerts) ExpiredProcessing(ctx context.Context, tx pgx.Tx, k ledger.ExpiredKey, renotifyAfter time.Duration) (bool, error) {
+func (f *failingAlerts) ExpiredProcessing(ctx context.Context, tx pgx.Tx, k store.ExpiredKey, renotifyAfter time.Duration) (bool, error) {
 	f.calls++
 	if f.calls == f.failAt {
 		return false, errors.New("outbox refused the alert")
@@ -317,7 +318,7 @@ func TestStateGoesWithKeyAndRunIsRecorded(t *testing.T) {
 	if b.db.Count(t, "reconcile_state WHERE key = 'live'") != 1 {
 		t.Fatal("reconcile_state of a live key was deleted")
 	}
-	runs, err := ledger.LastRuns(context.Background(), b.db.Pool)
+	runs, err := store.LastRuns(context.Background(), b.db.Pool)
 	if err != nil || len(runs) != 1 || runs[0].Kind != "purge" || runs[0].Actor != "replica-1" {
 		t.Fatalf("runs = %+v, %v", runs, err)
 	}
@@ -449,7 +450,7 @@ func TestBatchesThatKeepTimingOutFail(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep, err := b.purger(expiry.Config{BatchTimeout: 50 * time.Millisecond}).RunOnce(ctx)
-	if !errors.Is(err, ledger.ErrBatchTimeout) || rep.TimedOutBatches != 5 || rep.Error == "" {
+	if !errors.Is(err, store.ErrBatchTimeout) || rep.TimedOutBatches != 5 || rep.Error == "" {
 		t.Fatalf("err = %v, timed out %d; want ErrBatchTimeout after 5", err, rep.TimedOutBatches)
 	}
 }
@@ -617,7 +618,7 @@ func TestDryRunDeletesNothing(t *testing.T) {
 	if rep.Keys[0].Tool != "charge_card" || rep.Keys[0].Status != "failed_retryable" || rep.Keys[0].Keys != 3 {
 		t.Fatalf("per tool and status: %+v", rep.Keys)
 	}
-	if rep.Tables[0].Table != string(ledger.TableAudit) || rep.Tables[0].Rows != 1 {
+	if rep.Tables[0].Table != string(store.TableAudit) || rep.Tables[0].Rows != 1 {
 		t.Fatalf("daemon tables: %+v", rep.Tables)
 	}
 	// And the real pass does what the dry run said.
@@ -672,7 +673,7 @@ func TestDatabaseGoneMidPass(t *testing.T) {
 	}
 	// The killed session takes the lock with it once it has exited.
 	testwait.Eventually(t, func() bool {
-		running, err := ledger.PurgeRunning(ctx, b.db.Pool)
+		running, err := store.PurgeRunning(ctx, b.db.Pool)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,7 +1,13 @@
-// Package ledger owns the idempotency_keys table: its model, every SQL
-// statement that touches it, the tool-side API (Claim, Complete, Heartbeat,
-// Abandon) with its net/http middleware, and the compare-and-set transitions
-// the reconciler needs.
+// Package ledger is the tool side of the idempotency ledger, and all a tool
+// server needs to import: the idempotency_keys model (Key, the statuses, the
+// column widths, the sentinel errors), Claim, Complete, Heartbeat, Abandon
+// and Get, the net/http Middleware that runs them around a handler, and
+// Fingerprint, the request_hash of a request's arguments.
+//
+// The reconciler's and the operator's side of the same table (leases,
+// decisions, holds, breakers, self-checks, stats, purge, audit) is package
+// ledger/store, which imports this one; nothing here imports it, so a tool
+// server never sees LeaseDue or DecideMany.
 //
 // # Key lifecycle
 //
@@ -17,7 +23,9 @@
 //	(terminal)  Complete by the original
 //	            attempt (same claimed_at)
 //
-// Every transition is compare-and-set: it names the status and the
+// Claim, Complete, Heartbeat and Abandon are here; the reconciler's
+// transitions (a probe's completion, MarkRetryable) and the operator's are
+// ledger/store's. Every transition is compare-and-set: it names the status and the
 // claimed_at it read, so a write based on a stale read changes nothing and
 // reports ErrConflict. The one edge a reader may not expect
 // (ARCHITECTURE.md, "Transitions"), failed_retryable → completed, is taken

@@ -32,8 +32,6 @@ var (
 	// the one it was read in (another attempt or the reconciler got there
 	// first).
 	ErrConflict = errors.New("idempotency key changed concurrently")
-	// ErrHeld: the key is on hold; only release lifts it.
-	ErrHeld = errors.New("idempotency key is on hold")
 	// ErrInvalid: the arguments break the data contract (key too long...).
 	ErrInvalid = errors.New("invalid idempotency key data")
 )
@@ -44,12 +42,6 @@ type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// Beginner starts transactions (a pool or a connection).
-type Beginner interface {
-	DBTX
-	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // Key is one row of idempotency_keys.

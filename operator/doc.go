@@ -5,7 +5,7 @@
 // agent's tool) would call the same functions and get the same refusals.
 //
 // Every judgement uses the database's clock, never the caller's: "in flight"
-// for resolve is decided under the key's row lock by ledger.DecideOperator,
+// for resolve is decided under the key's row lock by store.DecideOperator,
 // and Inspect reads now() with the key and judges against it.
 //
 // # Resolve
@@ -39,7 +39,7 @@
 // attempt that was marked (no retry has re-claimed it, same claimed_at):
 // the effect turned out to exist after all, and storing it stops the retry
 // that would redo it. Every check that matters for safety is repeated by
-// ledger.DecideOperator under the row lock; the earlier reads only give a
+// store.DecideOperator under the row lock; the earlier reads only give a
 // clearer refusal. A resolved key's open alerts are resolved in the same
 // transaction.
 //

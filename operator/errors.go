@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // ErrInvalid marks a request that is wrong in itself, whatever the ledger
@@ -89,7 +90,7 @@ type RefusedError struct {
 	// Action is what the audit recorded (RefusedChanged).
 	Action string
 	// Hold is the hold in force (RefusedAlreadyHeld, RefusedHeld).
-	Hold *ledger.Hold
+	Hold *store.Hold
 }
 
 func (e *RefusedError) Error() string {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // HoldRequest puts one key on hold.
@@ -37,13 +38,13 @@ func (r HoldRequest) Validate() error {
 type HoldResult struct {
 	// Replaced is the hold this one replaced (Replace only), nil if the
 	// key was not held.
-	Replaced *ledger.Hold
+	Replaced *store.Hold
 }
 
 // Hold puts req.Key on hold in one transaction, audited. Errors: ErrInvalid,
 // ErrNoKey, *RefusedError (RefusedAlreadyHeld, with the hold in force:
 // nothing changed), or the database's.
-func Hold(ctx context.Context, db ledger.Beginner, req HoldRequest) (HoldResult, error) {
+func Hold(ctx context.Context, db store.Beginner, req HoldRequest) (HoldResult, error) {
 	if err := req.Validate(); err != nil {
 		return HoldResult{}, err
 	}
@@ -51,12 +52,12 @@ func Hold(ctx context.Context, db ledger.Beginner, req HoldRequest) (HoldResult,
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if req.Replace {
 			var err error
-			out.Replaced, err = ledger.ReplaceHold(ctx, tx, req.Key, req.Reason, req.Actor)
+			out.Replaced, err = store.ReplaceHold(ctx, tx, req.Key, req.Reason, req.Actor)
 			return err
 		}
-		return ledger.PutHold(ctx, tx, req.Key, req.Reason, req.Actor)
+		return store.PutHold(ctx, tx, req.Key, req.Reason, req.Actor)
 	})
-	var held *ledger.HeldError
+	var held *store.HeldError
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		return HoldResult{}, ErrNoKey
@@ -78,11 +79,11 @@ type ReleaseRequest struct {
 
 // Release lifts req.Key's hold in one transaction, audited (when the key is
 // still in the ledger). Errors: ErrInvalid, ErrNotHeld, or the database's.
-func Release(ctx context.Context, db ledger.Beginner, req ReleaseRequest) error {
+func Release(ctx context.Context, db store.Beginner, req ReleaseRequest) error {
 	if req.Actor == "" {
 		return ErrNoActor
 	}
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return ledger.ReleaseHold(ctx, tx, req.Key, req.Actor) })
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return store.ReleaseHold(ctx, tx, req.Key, req.Actor) })
 	if errors.Is(err, ledger.ErrNotFound) {
 		return ErrNotHeld
 	}

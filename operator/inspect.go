@@ -7,6 +7,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // Condition is what a key's state means for the reconciler.
@@ -89,11 +90,11 @@ type Inspection struct {
 	// Key is the row; zero when Purged.
 	Key ledger.Key
 	// State is the reconciler's bookkeeping of the key's current claim.
-	State *ledger.State
-	Hold  *ledger.Hold
+	State *store.State
+	Hold  *store.Hold
 	// History is the audit trail, oldest first (the newest HistoryLimit
 	// entries); never nil.
-	History []ledger.AuditEntry
+	History []store.AuditEntry
 	// Alerts are the key's open alerts.
 	Alerts []alerts.OpenAlert
 	// Window and HeartbeatTimeout are what the key was judged by.
@@ -116,24 +117,24 @@ func Inspect(ctx context.Context, db ledger.DBTX, req InspectRequest) (Inspectio
 	if limit <= 0 {
 		limit = 200
 	}
-	k, now, err := ledger.GetWithClock(ctx, db, req.Key)
+	k, now, err := store.GetWithClock(ctx, db, req.Key)
 	gone := errors.Is(err, ledger.ErrNotFound)
 	if err != nil && !gone {
 		return Inspection{}, err
 	}
 	in := Inspection{Key: k, Now: now}
-	if in.History, err = ledger.History(ctx, db, req.Key, limit); err != nil {
+	if in.History, err = store.History(ctx, db, req.Key, limit); err != nil {
 		return Inspection{}, err
 	}
 	if in.History == nil {
-		in.History = []ledger.AuditEntry{}
+		in.History = []store.AuditEntry{}
 	}
 	if gone && len(in.History) == 0 {
 		return Inspection{}, ErrNoKey
 	}
 	// A hold outlives its key's row (one deleted by hand): it would apply
 	// to the same key claimed again.
-	if h, err := ledger.GetHold(ctx, db, req.Key); err == nil {
+	if h, err := store.GetHold(ctx, db, req.Key); err == nil {
 		in.Hold = &h
 	} else if !errors.Is(err, ledger.ErrNotFound) {
 		return Inspection{}, err
@@ -142,7 +143,7 @@ func Inspect(ctx context.Context, db ledger.DBTX, req InspectRequest) (Inspectio
 		in.Judgement = Judgement{Condition: Purged, Held: in.Hold != nil}
 		return in, nil
 	}
-	if st, err := ledger.GetState(ctx, db, req.Key); err == nil && st.ClaimedAt.Equal(k.ClaimedAt) {
+	if st, err := store.GetState(ctx, db, req.Key); err == nil && st.ClaimedAt.Equal(k.ClaimedAt) {
 		in.State = &st
 	} else if err != nil && !errors.Is(err, ledger.ErrNotFound) {
 		return Inspection{}, err

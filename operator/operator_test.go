@@ -11,6 +11,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
 )
 
@@ -208,7 +209,7 @@ func TestResolveGuards(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || res.Key.Status != ledger.StatusFailedRetryable || res.Action != ledger.ActionOperatorMarkedRetryable {
+		if err != nil || res.Key.Status != ledger.StatusFailedRetryable || res.Action != store.ActionOperatorMarkedRetryable {
 			t.Fatalf("forced resolve of %s = %+v, %v", key, res, err)
 		}
 	}
@@ -216,15 +217,15 @@ func TestResolveGuards(t *testing.T) {
 	// A failed_retryable key whose attempt still owns it: the effect turned
 	// up after all, its outcome is stored and replayed.
 	res, err := operator.Resolve(ctx, db.Pool, completed("retry"))
-	if err != nil || res.Key.Status != ledger.StatusCompleted || res.Action != ledger.ActionOperatorCompleted {
+	if err != nil || res.Key.Status != ledger.StatusCompleted || res.Action != store.ActionOperatorCompleted {
 		t.Fatalf("completing a failed_retryable key = %+v, %v", res, err)
 	}
 	replay, err := ledger.Claim(ctx, db.Pool, ledger.ClaimParams{Key: "retry", Tool: "t", RequestHash: "h"})
 	if err != nil || replay.Outcome != ledger.Replay || *replay.Row.ResponseCode != 201 {
 		t.Fatalf("replay after resolve = %+v, %v", replay, err)
 	}
-	hist, err := ledger.History(ctx, db.Pool, "retry", 10)
-	if err != nil || len(hist) != 1 || hist[0].Actor != "alice" || hist[0].Verdict != ledger.VerdictOperator || hist[0].Action != ledger.ActionOperatorCompleted {
+	hist, err := store.History(ctx, db.Pool, "retry", 10)
+	if err != nil || len(hist) != 1 || hist[0].Actor != "alice" || hist[0].Verdict != store.VerdictOperator || hist[0].Action != store.ActionOperatorCompleted {
 		t.Fatalf("audit of the resolve = %+v, %v", hist, err)
 	}
 	var ev struct {
@@ -266,13 +267,13 @@ func TestResolveOfAKeyThatChangesMeanwhile(t *testing.T) {
 	}
 	err = testwait.Recv(t, done, testwait.Timeout)
 	var r *operator.RefusedError
-	if !errors.As(err, &r) || r.Why != operator.RefusedChanged || r.Action != ledger.ActionResolvedByOriginal {
+	if !errors.As(err, &r) || r.Why != operator.RefusedChanged || r.Action != store.ActionResolvedByOriginal {
 		t.Fatalf("resolve of a key completed meanwhile = %v", err)
 	}
 	if k := get(t, db, "k"); k.Status != ledger.StatusCompleted || string(k.ResponseBody) != `{"orig": true}` {
 		t.Fatalf("the original outcome was overwritten: %s %s", k.Status, k.ResponseBody)
 	}
-	if hist, _ := ledger.History(ctx, db.Pool, "k", 10); len(hist) != 1 || hist[0].Action != ledger.ActionResolvedByOriginal || hist[0].Actor != "alice" {
+	if hist, _ := store.History(ctx, db.Pool, "k", 10); len(hist) != 1 || hist[0].Action != store.ActionResolvedByOriginal || hist[0].Actor != "alice" {
 		t.Fatalf("the refusal's audit = %+v", hist)
 	}
 }
@@ -327,7 +328,7 @@ func TestHoldAndRelease(t *testing.T) {
 	if !errors.As(err, &r) || r.Why != operator.RefusedAlreadyHeld || r.Hold == nil || r.Hold.Actor != "alice" || r.Hold.Reason != "checking" {
 		t.Fatalf("hold of a held key = %v", err)
 	}
-	if h, _ := ledger.GetHold(ctx, db.Pool, "k"); h.Actor != "alice" {
+	if h, _ := store.GetHold(ctx, db.Pool, "k"); h.Actor != "alice" {
 		t.Fatalf("refused hold replaced the hold: %+v", h)
 	}
 	res, err := operator.Hold(ctx, db.Pool, operator.HoldRequest{Key: "k", Reason: "mine now", Actor: "bob", Replace: true})
@@ -340,7 +341,7 @@ func TestHoldAndRelease(t *testing.T) {
 	if err := operator.Release(ctx, db.Pool, operator.ReleaseRequest{Key: "k", Actor: "carol"}); !errors.Is(err, operator.ErrNotHeld) {
 		t.Fatalf("second release = %v", err)
 	}
-	hist, _ := ledger.History(ctx, db.Pool, "k", 10)
+	hist, _ := store.History(ctx, db.Pool, "k", 10)
 	var actions []string
 	for _, e := range hist {
 		actions = append(actions, e.Actor+":"+e.Action)
@@ -372,7 +373,7 @@ func TestInspectJudgement(t *testing.T) {
 	// "stuck" is leased by a reconciler; "lapsed" was, its lease expired by
 	// the database's clock.
 	putKey(t, db, "lapsed", ledger.StatusProcessing, time.Hour)
-	leased, err := ledger.LeaseDue(ctx, db.Pool, ledger.LeaseParams{Tool: "t", Window: time.Minute, HeartbeatTimeout: time.Minute,
+	leased, err := store.LeaseDue(ctx, db.Pool, store.LeaseParams{Tool: "t", Window: time.Minute, HeartbeatTimeout: time.Minute,
 		Owner: "replica-1", Lease: time.Hour, Limit: 10, Keys: []string{"stuck", "lapsed"}})
 	if err != nil || len(leased) != 2 {
 		t.Fatalf("lease: %+v, %v", leased, err)

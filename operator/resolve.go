@@ -11,6 +11,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // Windows returns a tool's processing window plus grace and its heartbeat
@@ -83,8 +84,8 @@ func (r ResolveRequest) Validate() error {
 type ResolveResult struct {
 	// Key is the key as it stands after the decision.
 	Key ledger.Key
-	// Action is what the audit recorded (ledger.ActionOperatorCompleted or
-	// ledger.ActionOperatorMarkedRetryable).
+	// Action is what the audit recorded (store.ActionOperatorCompleted or
+	// store.ActionOperatorMarkedRetryable).
 	Action string
 	// AlertsResolved is how many of the key's open alerts were resolved.
 	AlertsResolved int
@@ -92,16 +93,16 @@ type ResolveResult struct {
 
 // Resolve applies req in one transaction: the key is read, the rules of
 // the package documentation are checked, and the decision is written by
-// ledger.DecideOperator (which re-checks them under the row lock, in flight
+// store.DecideOperator (which re-checks them under the row lock, in flight
 // by the database's clock), with the key's open alerts resolved in the same
 // transaction. Errors: ErrInvalid (see Validate), ErrNoKey, *RefusedError,
 // or the database's.
-func Resolve(ctx context.Context, db ledger.Beginner, req ResolveRequest) (ResolveResult, error) {
+func Resolve(ctx context.Context, db store.Beginner, req ResolveRequest) (ResolveResult, error) {
 	if err := req.Validate(); err != nil {
 		return ResolveResult{}, err
 	}
 	var (
-		res    ledger.DecideResult
+		res    store.DecideResult
 		k      ledger.Key
 		window time.Duration
 		closed int
@@ -126,7 +127,7 @@ func Resolve(ctx context.Context, db ledger.Beginner, req ResolveRequest) (Resol
 		default:
 			return &RefusedError{Why: RefusedFinal, Key: req.Key, Tool: k.Tool, Status: k.Status}
 		}
-		switch h, err := ledger.GetHold(ctx, tx, req.Key); {
+		switch h, err := store.GetHold(ctx, tx, req.Key); {
 		case err == nil:
 			return &RefusedError{Why: RefusedHeld, Key: req.Key, Tool: k.Tool, Status: k.Status, Hold: &h}
 		case !errors.Is(err, ledger.ErrNotFound):
@@ -139,7 +140,7 @@ func Resolve(ctx context.Context, db ledger.Beginner, req ResolveRequest) (Resol
 		case !req.Force:
 			return &RefusedError{Why: RefusedNoConfiguration, Key: req.Key, Tool: k.Tool, Status: k.Status}
 		}
-		d := ledger.OperatorDecision{Key: req.Key, Tool: k.Tool, ClaimedAt: k.ClaimedAt, Actor: req.Actor, Reason: req.Reason,
+		d := store.OperatorDecision{Key: req.Key, Tool: k.Tool, ClaimedAt: k.ClaimedAt, Actor: req.Actor, Reason: req.Reason,
 			Window: window, HeartbeatTimeout: hb, Force: req.Force}
 		if req.Mark == MarkCompleted {
 			d.Transition, d.ResponseCode, d.ResponseBody = ledger.StatusCompleted, req.Code, req.Body
@@ -147,7 +148,7 @@ func Resolve(ctx context.Context, db ledger.Beginner, req ResolveRequest) (Resol
 		} else {
 			d.Transition = ledger.StatusFailedRetryable
 		}
-		if res, err = ledger.DecideOperator(ctx, tx, d); err != nil {
+		if res, err = store.DecideOperator(ctx, tx, d); err != nil {
 			return err
 		}
 		if res.Applied {
@@ -161,7 +162,7 @@ func Resolve(ctx context.Context, db ledger.Beginner, req ResolveRequest) (Resol
 		return ResolveResult{}, err
 	}
 	switch {
-	case res.Action == ledger.ActionInFlight:
+	case res.Action == store.ActionInFlight:
 		return ResolveResult{}, &RefusedError{Why: RefusedInFlight, Key: req.Key, Tool: k.Tool, Status: k.Status, Window: window}
 	case !res.Applied:
 		return ResolveResult{}, &RefusedError{Why: RefusedChanged, Key: req.Key, Tool: k.Tool, Status: res.Current.Status, Action: res.Action}

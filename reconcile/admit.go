@@ -6,23 +6,23 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // admit decides whether this pass probes the tool at all: not while its
 // breaker is open, nor while another replica sends the half-open trial, nor
 // while its probe is not trusted (its self-check failed or could not
 // conclude). Keys left alone keep their attempt counts and back-off.
-func (t *toolRun) admit(ctx context.Context, lp ledger.LeaseParams) (bool, error) {
+func (t *toolRun) admit(ctx context.Context, lp store.LeaseParams) (bool, error) {
 	p := t.p
 	// Nothing due (keys still in flight, backing off): nothing to vouch
 	// for, so no probe, check or trial is spent on the tool.
 	lp.Limit = 1
-	due, err := ledger.PeekDue(ctx, p.e.pool, lp, ledger.Leased{})
+	due, err := store.PeekDue(ctx, p.e.pool, lp, store.Leased{})
 	if err != nil || len(due) == 0 {
 		return false, err
 	}
-	br, err := ledger.LoadBreaker(ctx, p.e.pool, t.tool)
+	br, err := store.LoadBreaker(ctx, p.e.pool, t.tool)
 	if err != nil {
 		return false, err
 	}
@@ -36,7 +36,7 @@ func (t *toolRun) admit(ctx context.Context, lp ledger.LeaseParams) (bool, error
 	t.consecutive = br.Consecutive
 	if br.HalfOpen() {
 		if !p.opts.DryRun {
-			ok, err := ledger.ClaimBreakerTrial(ctx, p.e.pool, t.tool, p.e.cfg.Lease)
+			ok, err := store.ClaimBreakerTrial(ctx, p.e.pool, t.tool, p.e.cfg.Lease)
 			if err != nil {
 				return false, err
 			}

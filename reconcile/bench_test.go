@@ -9,7 +9,7 @@ package reconcile_test
 // 8, 32 and 64, reported as keys/s and as a fraction of the ideal
 // concurrency / 20 ms (target at 32: at least 0.80).
 //
-// BenchmarkLeaseBatch: ledger.LeaseDue of 100 due keys among 1,000
+// BenchmarkLeaseBatch: store.LeaseDue of 100 due keys among 1,000
 // processing keys in a ledger of 10,000 rows and of 1,000,000 rows (the rest
 // completed), interleaved, with the ratio big/small (target under 2: the
 // partial index makes the lease independent of table size).
@@ -37,6 +37,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
@@ -280,12 +281,12 @@ func BenchmarkLeaseBatch(b *testing.B) {
 		took []time.Duration
 	}
 	ledgers := []*ledgerDB{{rows: 10_000}, {rows: 1_000_000}}
-	lp := ledger.LeaseParams{
+	lp := store.LeaseParams{
 		Tool: benchTool, Window: 20 * time.Second, HeartbeatTimeout: 10 * time.Second,
 		Owner: "bench-replica/lease", Lease: time.Minute, Limit: 100,
 	}
 	lease := func(on ledger.DBTX) {
-		got, err := ledger.LeaseDue(ctx, on, lp)
+		got, err := store.LeaseDue(ctx, on, lp)
 		if err != nil {
 			b.Fatal(err)
 		}

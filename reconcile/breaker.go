@@ -9,6 +9,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // The circuit breaker of a tool lives in tool_breakers, shared by passes and
@@ -27,12 +28,12 @@ import (
 // probe failure.
 
 // Breaker is a tool's circuit breaker as `status` shows it.
-type Breaker = ledger.Breaker
+type Breaker = store.Breaker
 
 // Breakers lists tools whose breaker has opened and not closed since, or
 // that are counting failures towards opening it.
 func Breakers(ctx context.Context, db ledger.DBTX) ([]Breaker, error) {
-	return ledger.Breakers(ctx, db)
+	return store.Breakers(ctx, db)
 }
 
 // verdictCount is what one transaction tells a tool's breaker.
@@ -62,7 +63,7 @@ func (e *Engine) countVerdicts(ctx context.Context, tx pgx.Tx, vc verdictCount) 
 	var ch breakerChange
 	cfg := e.cfg
 	if vc.conclusive {
-		closed, err := ledger.ResetBreaker(ctx, tx, vc.tool)
+		closed, err := store.ResetBreaker(ctx, tx, vc.tool)
 		if err != nil {
 			return ch, err
 		}
@@ -77,7 +78,7 @@ func (e *Engine) countVerdicts(ctx context.Context, tx pgx.Tx, vc verdictCount) 
 	if vc.unknowns == 0 {
 		return ch, nil
 	}
-	b, err := ledger.CountBreakerFailures(ctx, tx, vc.tool, vc.unknowns, vc.lastErr)
+	b, err := store.CountBreakerFailures(ctx, tx, vc.tool, vc.unknowns, vc.lastErr)
 	if err != nil {
 		return ch, err
 	}
@@ -93,7 +94,7 @@ func (e *Engine) countVerdicts(ctx context.Context, tx pgx.Tx, vc verdictCount) 
 	if b.Consecutive < threshold {
 		return ch, nil
 	}
-	if ch.until, ch.opens, err = ledger.OpenBreaker(ctx, tx, vc.tool, cfg.BreakerCooldown, cfg.BreakerMaxCooldown); err != nil {
+	if ch.until, ch.opens, err = store.OpenBreaker(ctx, tx, vc.tool, cfg.BreakerCooldown, cfg.BreakerMaxCooldown); err != nil {
 		return ch, err
 	}
 	ch.opened, ch.open = true, true

@@ -8,6 +8,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
 
@@ -26,7 +27,7 @@ type Rules struct {
 type Input struct {
 	// Leased is the key as it was leased: its claim, attempts so far and
 	// first not_found awaiting confirmation.
-	Leased ledger.Leased
+	Leased store.Leased
 	// Result is the probe's answer (Guard-checked). Ignored without a probe.
 	Result probes.Result
 	// ErrText is Result.Err as it may be stored: redacted and clipped.
@@ -45,7 +46,7 @@ type Input struct {
 // owner and actor, which the runner fills in), the alerts it raises, and
 // what ends the key's open alerts if it applies.
 type Plan struct {
-	Decision ledger.Decision
+	Decision store.Decision
 	// Raise lists the alerts to raise with the decision. probe_failing is
 	// dropped at write time if the tool's breaker is open then.
 	Raise []alerts.Alert
@@ -69,7 +70,7 @@ var errNoProbe = fmt.Errorf("no probe configured for this tool")
 func Decide(in Input) Plan {
 	l, res, pol, rules := in.Leased, in.Result, in.Policy, in.Rules
 	age := in.Now.Sub(l.ClaimedAt)
-	d := ledger.Decision{
+	d := store.Decision{
 		Key: l.Key.Key, Tool: l.Tool, ClaimedAt: l.ClaimedAt,
 		Verdict: string(res.Verdict), Evidence: res.Evidence, Error: in.ErrText, CountAttempt: true,
 		CheckHeartbeat: true, LeasedHeartbeatAt: l.HeartbeatAt,

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
@@ -82,7 +83,7 @@ func TestDecideTable(t *testing.T) {
 				claimed = time.Minute
 			}
 			created = max(created, claimed)
-			l := ledger.Leased{Key: ledger.Key{Key: "k", Tool: "create_ticket", CreatedAt: now.Add(-created), ClaimedAt: now.Add(-claimed),
+			l := store.Leased{Key: ledger.Key{Key: "k", Tool: "create_ticket", CreatedAt: now.Add(-created), ClaimedAt: now.Add(-claimed),
 				ExpiresAt: now.Add(24 * time.Hour)}, Attempts: r.attempts, FirstNotFoundAt: r.firstNF}
 			rr := rules
 			rr.ConfirmNotFoundAfter = r.confirm

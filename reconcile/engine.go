@@ -12,7 +12,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
 
@@ -222,7 +222,7 @@ func (e *Engine) Policy(tool string) Policy {
 }
 
 // Windows returns a tool's window + grace and heartbeat timeout (for
-// ledger.Stats).
+// store.Stats).
 func (e *Engine) Windows(tool string) (time.Duration, time.Duration) {
 	p := e.Policy(tool)
 	return p.ProcessingWindow + e.cfg.Grace, p.HeartbeatTimeout
@@ -250,10 +250,10 @@ const (
 	ActionDuplicate            = "duplicate_alerted"
 	ActionBackoff              = "backoff"
 	ActionNoProbe              = "no_probe"
-	ActionResolvedByOriginal   = ledger.ActionResolvedByOriginal
-	ActionHeld                 = ledger.ActionHeld
-	ActionLeaseLost            = ledger.ActionLeaseLost
-	ActionInFlightAgain        = ledger.ActionInFlightAgain
+	ActionResolvedByOriginal   = store.ActionResolvedByOriginal
+	ActionHeld                 = store.ActionHeld
+	ActionLeaseLost            = store.ActionLeaseLost
+	ActionInFlightAgain        = store.ActionInFlightAgain
 	// Dry-run actions say what would happen.
 	ActionWouldComplete = "would_complete"
 	ActionWouldRetry    = "would_mark_retryable"

@@ -19,6 +19,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
@@ -219,7 +220,7 @@ func TestVerdictPaths(t *testing.T) {
 	}
 	// Every decision is on the record.
 	for key, action := range map[string]string{"found": "completed", "absent": "marked_retryable", "twice": "duplicate_alerted", "noprobe": "no_probe"} {
-		hist, err := ledger.History(bg, db.Pool, key, 10)
+		hist, err := store.History(bg, db.Pool, key, 10)
 		if err != nil || len(hist) != 1 || hist[0].Action != action || hist[0].Actor != "test-replica" || hist[0].Attempt != 1 {
 			t.Fatalf("history of %s = %+v, %v", key, hist, err)
 		}
@@ -251,7 +252,7 @@ func TestUnknownBacksOffAndAlertsAfterAttempts(t *testing.T) {
 		if len(rep.Keys) != 1 || rep.Keys[0].Action != "backoff" || rep.Keys[0].Attempts != attempt {
 			t.Fatalf("attempt %d: %+v", attempt, rep.Keys)
 		}
-		st, err := ledger.GetState(bg, db.Pool, "k")
+		st, err := store.GetState(bg, db.Pool, "k")
 		if err != nil || st.NextProbeAt == nil || time.Until(*st.NextProbeAt) < 30*time.Second {
 			t.Fatalf("attempt %d: next probe not backed off: %+v", attempt, st)
 		}
@@ -272,7 +273,7 @@ func TestUnknownBacksOffAndAlertsAfterAttempts(t *testing.T) {
 	if k := row(t, db, "k"); k.Status != ledger.StatusProcessing {
 		t.Fatalf("unknown must stay processing: %+v", k)
 	}
-	st, _ := ledger.GetState(bg, db.Pool, "k")
+	st, _ := store.GetState(bg, db.Pool, "k")
 	if st.LastError == nil || !strings.Contains(*st.LastError, "502") {
 		t.Fatalf("last error = %v", st.LastError)
 	}
@@ -344,7 +345,7 @@ func TestOriginalCompletesDuringProbe(t *testing.T) {
 			if k.Status != ledger.StatusCompleted || !strings.Contains(string(k.ResponseBody), "T-original") {
 				t.Fatalf("original outcome lost: %+v %s", k, k.ResponseBody)
 			}
-			hist, _ := ledger.History(bg, db.Pool, "k", 10)
+			hist, _ := store.History(bg, db.Pool, "k", 10)
 			if len(hist) != 1 || hist[0].Action != "resolved_by_original" {
 				t.Fatalf("history = %+v", hist)
 			}

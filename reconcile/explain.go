@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // explainUntouched reports, for each --key the pass did not decide, why:
@@ -27,7 +28,7 @@ func (p *pass) explainUntouched(ctx context.Context) {
 		}
 		win, hb := p.e.Windows(k.Tool)
 		why := "not due"
-		st, err := ledger.KeyStanding(ctx, p.e.pool, key, win, hb)
+		st, err := store.KeyStanding(ctx, p.e.pool, key, win, hb)
 		switch {
 		case err != nil:
 		case k.Status != ledger.StatusProcessing:

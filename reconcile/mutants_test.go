@@ -7,6 +7,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
 
@@ -122,7 +123,7 @@ func TestLeaseTooShortToProbe(t *testing.T) {
 	if len(rep.Keys) != 0 || ds.totalHits() != 0 {
 		t.Fatalf("probed with less lease left than timeout + margin: actions %v, %d requests", rep.Actions, ds.totalHits())
 	}
-	st, err := ledger.GetState(bg, db.Pool, "k")
+	st, err := store.GetState(bg, db.Pool, "k")
 	if err != nil || st.LeaseOwner != nil || st.Attempts != 0 || st.NextProbeAt != nil {
 		t.Fatalf("key not given back untouched: %+v %v", st, err)
 	}
@@ -173,7 +174,7 @@ func TestKeyWaitingTooLongForASlotIsGivenBack(t *testing.T) {
 	if len(rep.Keys) != 1 || rep.Keys[0].Key != "first" {
 		t.Fatalf("report = %+v", rep.Keys)
 	}
-	st, err := ledger.GetState(bg, db.Pool, "second")
+	st, err := store.GetState(bg, db.Pool, "second")
 	if err != nil || st.LeaseOwner != nil || st.Attempts != 0 {
 		t.Fatalf("second not given back untouched: %+v %v", st, err)
 	}

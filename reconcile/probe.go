@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
 
@@ -14,7 +14,7 @@ import (
 const leaseMargin = 2 * time.Second
 
 // handle probes one leased key and hands the answer to a writer.
-func (t *toolRun) handle(ctx context.Context, l ledger.Leased, leasedAt time.Time) {
+func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time) {
 	p := t.p
 	if t.trialDone != nil {
 		defer t.trialOnce.Do(func() { close(t.trialDone) })
@@ -25,7 +25,7 @@ func (t *toolRun) handle(ctx context.Context, l ledger.Leased, leasedAt time.Tim
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 		defer cancel()
-		if err := ledger.ReleaseLease(rctx, p.e.pool, l.Key.Key, p.owner); err != nil {
+		if err := store.ReleaseLease(rctx, p.e.pool, l.Key.Key, p.owner); err != nil {
 			p.e.logger.Warn("release lease", "key", l.Key.Key, "err", err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/lease"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
 
@@ -120,12 +121,12 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 	}
 	if !opts.DryRun {
 		stats, _ := json.Marshal(map[string]any{"actions": p.report.Actions, "keys": p.report.Decided, "alerts_raised": p.report.AlertsRaised})
-		rec := ledger.Run{Kind: "reconcile", Actor: e.cfg.Actor, StartedAt: start, Stats: stats}
+		rec := store.Run{Kind: "reconcile", Actor: e.cfg.Actor, StartedAt: start, Stats: stats}
 		if err != nil {
 			rec.Error = err.Error()
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-		if rerr := ledger.RecordRun(rctx, e.pool, rec); rerr != nil {
+		if rerr := store.RecordRun(rctx, e.pool, rec); rerr != nil {
 			e.logger.Warn("record reconcile run", "err", rerr)
 		}
 		cancel()
@@ -158,7 +159,7 @@ func (p *pass) tools(ctx context.Context) ([]string, error) {
 	if len(p.opts.Tools) > 0 {
 		return slices.Sorted(slices.Values(p.opts.Tools)), nil
 	}
-	return ledger.ProcessingTools(ctx, p.e.pool, 0)
+	return store.ProcessingTools(ctx, p.e.pool, 0)
 }
 
 func sortedKeys(m map[string]bool) []string {
@@ -173,7 +174,7 @@ func sortedKeys(m map[string]bool) []string {
 // probed is a key whose probe has answered, on its way to a writer.
 type probed struct {
 	t        *toolRun
-	l        ledger.Leased
+	l        store.Leased
 	res      probes.Result
 	leasedAt time.Time // local monotonic time the lease started (at the latest)
 }
@@ -223,7 +224,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		p.report.Tools = append(p.report.Tools, tr)
 		p.mu.Unlock()
 	}()
-	lp := ledger.LeaseParams{
+	lp := store.LeaseParams{
 		Tool:             tool,
 		Window:           policy.ProcessingWindow + p.e.cfg.Grace,
 		HeartbeatTimeout: policy.HeartbeatTimeout,
@@ -239,7 +240,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		}
 	}
 	type leasedKey struct {
-		l  ledger.Leased
+		l  store.Leased
 		at time.Time
 	}
 	// Leased keys wait in a buffer of one round of probes: the next batch
@@ -256,7 +257,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		}()
 	}
 	var leaseErr error
-	var after ledger.Leased // a dry run pages without leasing
+	var after store.Leased // a dry run pages without leasing
 	waitTrial := t.halfOpen
 	for ctx.Err() == nil && !t.isOpen() {
 		if time.Since(p.report.StartedAt) >= p.e.cfg.MaxDuration {
@@ -276,9 +277,9 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		}
 		lp.Limit = want
 		leasedAt := time.Now()
-		var batch []ledger.Leased
+		var batch []store.Leased
 		if p.opts.DryRun {
-			batch, leaseErr = ledger.PeekDue(ctx, p.e.pool, lp, after)
+			batch, leaseErr = store.PeekDue(ctx, p.e.pool, lp, after)
 			if len(batch) > 0 {
 				after = batch[len(batch)-1]
 			}
@@ -287,13 +288,13 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 			// still commit, and its keys would stay leased unseen. Let it
 			// finish, then give the batch back if the pass is over.
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-			batch, leaseErr = ledger.LeaseDue(lctx, p.e.pool, lp)
+			batch, leaseErr = store.LeaseDue(lctx, p.e.pool, lp)
 			if leaseErr == nil && ctx.Err() != nil && len(batch) > 0 {
 				keys := make([]string, len(batch))
 				for i, l := range batch {
 					keys[i] = l.Key.Key
 				}
-				if err := ledger.ReleaseLeases(lctx, p.e.pool, keys, p.owner); err != nil {
+				if err := store.ReleaseLeases(lctx, p.e.pool, keys, p.owner); err != nil {
 					p.e.logger.Warn("release leases", "tool", tool, "err", err)
 				}
 				batch = nil
@@ -309,7 +310,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 			// A named key is reconciled once per pass, whatever its
 			// decision: back-off is ignored, so it would be due again.
 			lp.Keys = slices.DeleteFunc(lp.Keys, func(k string) bool {
-				return slices.ContainsFunc(batch, func(l ledger.Leased) bool { return l.Key.Key == k })
+				return slices.ContainsFunc(batch, func(l store.Leased) bool { return l.Key.Key == k })
 			})
 		}
 		for _, l := range batch {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
 
@@ -95,7 +96,7 @@ func (e *Engine) SelfCheck(ctx context.Context, tool string) (CheckResult, error
 // judges the probe.
 func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy) (CheckResult, error) {
 	res := CheckResult{Tool: tool, Fingerprint: pol.ProbeFingerprint, Actor: e.cfg.Actor, CheckedAt: time.Now()}
-	samples, err := ledger.SelfCheckSamples(ctx, e.pool, tool, e.cfg.SelfCheckMaxAge, e.cfg.SelfCheckSamples)
+	samples, err := store.SelfCheckSamples(ctx, e.pool, tool, e.cfg.SelfCheckMaxAge, e.cfg.SelfCheckSamples)
 	if err != nil {
 		return res, err
 	}

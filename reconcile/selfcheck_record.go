@@ -11,12 +11,13 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
 
 // storedCheck reads the latest check of tool.
 func storedCheck(ctx context.Context, db ledger.DBTX, tool string) (CheckResult, time.Time, bool, error) {
-	rec, err := ledger.GetSelfCheck(ctx, db, tool)
+	rec, err := store.GetSelfCheck(ctx, db, tool)
 	if errors.Is(err, ledger.ErrNotFound) {
 		return CheckResult{}, time.Time{}, false, nil
 	}
@@ -26,7 +27,7 @@ func storedCheck(ctx context.Context, db ledger.DBTX, tool string) (CheckResult,
 	return fromRecord(rec), rec.Now, true, nil
 }
 
-func fromRecord(rec ledger.SelfCheckRecord) CheckResult {
+func fromRecord(rec store.SelfCheckRecord) CheckResult {
 	r := CheckResult{Tool: rec.Tool, Outcome: rec.Outcome, Fingerprint: rec.Fingerprint, Summary: rec.Summary,
 		Disagreements: rec.Disagreements, Actor: rec.Actor, CheckedAt: rec.CheckedAt, Cached: true}
 	var ev checkEvidence
@@ -45,7 +46,7 @@ type checkEvidence struct {
 
 // StoredChecks lists every tool's latest self-check, for `status`.
 func StoredChecks(ctx context.Context, db ledger.DBTX) ([]CheckResult, error) {
-	recs, err := ledger.SelfChecks(ctx, db)
+	recs, err := store.SelfChecks(ctx, db)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +77,7 @@ func (e *Engine) recordCheck(ctx context.Context, r CheckResult) (breakerChange,
 	}
 	write := func(evidence []byte) error {
 		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			err := ledger.PutSelfCheck(ctx, tx, ledger.SelfCheckRecord{Tool: r.Tool, Outcome: r.Outcome, Fingerprint: r.Fingerprint,
+			err := store.PutSelfCheck(ctx, tx, store.SelfCheckRecord{Tool: r.Tool, Outcome: r.Outcome, Fingerprint: r.Fingerprint,
 				Samples: len(r.Samples), PresentFailed: failedCount(r), AbsentVerdict: r.Absent.Verdict,
 				Disagreements: r.Disagreements, Summary: r.Summary, Evidence: evidence, Actor: r.Actor})
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // sweepLimit bounds the open alerts examined per pass; sweepPage is how
@@ -75,7 +76,7 @@ func settledKeys(ctx context.Context, tx pgx.Tx, page []alerts.OpenAlert) ([]ale
 			keys = append(keys, a.Key)
 		}
 	}
-	statuses, err := ledger.Statuses(ctx, tx, keys)
+	statuses, err := store.Statuses(ctx, tx, keys)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // decide turns a probe's answer into a plan for the writers (Decide does
@@ -60,8 +61,8 @@ func (t *toolRun) decide(_ context.Context, pr probed) *plan {
 // plan is a decision ready to be written.
 type plan struct {
 	t          *toolRun
-	l          ledger.Leased
-	d          ledger.Decision
+	l          store.Leased
+	d          store.Decision
 	raise      []alerts.Alert
 	resolveHow string
 	conclusive bool
@@ -71,7 +72,7 @@ type plan struct {
 	// sweep at the start of every pass catches anything it would miss.
 	resolve bool
 
-	out    ledger.DecideResult
+	out    store.DecideResult
 	raised []string
 	br     breakerChange // the tool's breaker after this plan's transaction
 	// dropped: the evidence was replaced by a note because the database
@@ -91,7 +92,7 @@ func (pl *plan) afterDecide(ctx context.Context, tx pgx.Tx) error {
 	}
 	var err error
 	switch {
-	case pl.out.Action == ledger.ActionResolvedByOriginal:
+	case pl.out.Action == store.ActionResolvedByOriginal:
 		// Only a key that is settled (not re-claimed) ends its alerts.
 		if pl.out.Current.Key == "" || pl.out.Current.Status != ledger.StatusProcessing {
 			_, err = alerts.ResolveKey(ctx, tx, l.Tool, l.Key.Key, "resolved by the original attempt")
@@ -249,11 +250,11 @@ func (p *pass) commitPlans(ctx context.Context, plans []*plan) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
 	return pgx.BeginFunc(wctx, p.e.pool, func(tx pgx.Tx) error {
-		ds := make([]ledger.Decision, len(plans))
+		ds := make([]store.Decision, len(plans))
 		for i, pl := range plans {
 			ds[i] = pl.d
 		}
-		outs, err := ledger.DecideMany(wctx, tx, ds)
+		outs, err := store.DecideMany(wctx, tx, ds)
 		if err != nil {
 			return err
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/exampletool"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgembed"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
@@ -191,7 +192,7 @@ func runDemo(ctx context.Context, a *app) error {
 	}
 
 	d.say("-- 6. ledgerkeeper inspect wf-4:step-2:refund_payment --")
-	hist, _ := ledger.History(ctx, pool, "wf-4:step-2:refund_payment", 10)
+	hist, _ := store.History(ctx, pool, "wf-4:step-2:refund_payment", 10)
 	for _, h := range hist {
 		d.say("  %s  %s  attempt %d  verdict %s  action %s", ts(h.CreatedAt), h.Actor, h.Attempt, h.Verdict, h.Action)
 	}

@@ -12,19 +12,20 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
 )
 
 // inspection is everything `inspect` shows about a key (its --json
 // document).
 type inspection struct {
-	Key      ledger.Key          `json:"key"`
-	State    *ledger.State       `json:"reconcile_state,omitempty"`
-	Hold     *ledger.Hold        `json:"hold,omitempty"`
-	History  []ledger.AuditEntry `json:"history"`
-	Alerts   []alerts.OpenAlert  `json:"open_alerts,omitempty"`
-	Window   string              `json:"processing_window_plus_grace"`
-	InFlight bool                `json:"in_flight"`
+	Key      ledger.Key         `json:"key"`
+	State    *store.State       `json:"reconcile_state,omitempty"`
+	Hold     *store.Hold        `json:"hold,omitempty"`
+	History  []store.AuditEntry `json:"history"`
+	Alerts   []alerts.OpenAlert `json:"open_alerts,omitempty"`
+	Window   string             `json:"processing_window_plus_grace"`
+	InFlight bool               `json:"in_flight"`
 }
 
 func newInspectCmd(a *app) *cobra.Command {

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // TestMain is the package's only TestMain: the CLI's other tests go beside
@@ -112,10 +112,10 @@ func TestPurgeAlreadyRunningExitsZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	if ok, err := ledger.TryPurgeLock(ctx, conn); err != nil || !ok {
+	if ok, err := store.TryPurgeLock(ctx, conn); err != nil || !ok {
 		t.Fatalf("lock: %v %v", ok, err)
 	}
-	defer ledger.ReleasePurgeLock(ctx, conn)
+	defer store.ReleasePurgeLock(ctx, conn)
 	code, out, errOut := runCLI(t, "purge", "--database-url", db.URL)
 	if code != exitOK || !strings.Contains(out, "already running") {
 		t.Fatalf("exit %d, out %q, err %q", code, out, errOut)

@@ -15,7 +15,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
@@ -128,7 +128,7 @@ func recordAlertsRun(ctx context.Context, a *app, pool *pgxpool.Pool, actor stri
 		return
 	}
 	stats, _ := json.Marshal(rep)
-	run := ledger.Run{Kind: "alerts", Actor: actor, StartedAt: start, Stats: stats}
+	run := store.Run{Kind: "alerts", Actor: actor, StartedAt: start, Stats: stats}
 	if err != nil {
 		run.Error = err.Error()
 	} else if rep.LastError != "" {
@@ -136,7 +136,7 @@ func recordAlertsRun(ctx context.Context, a *app, pool *pgxpool.Pool, actor stri
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if rerr := ledger.RecordRun(rctx, pool, run); rerr != nil {
+	if rerr := store.RecordRun(rctx, pool, run); rerr != nil {
 		a.logger.Warn("record alert delivery run", "err", rerr)
 	}
 }

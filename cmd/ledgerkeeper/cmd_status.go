@@ -12,6 +12,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
 
@@ -19,17 +20,17 @@ import (
 type statusReport struct {
 	At       time.Time           `json:"at"`
 	Tools    []toolStatus        `json:"tools"`
-	Holds    []ledger.Hold       `json:"holds"`
+	Holds    []store.Hold        `json:"holds"`
 	Breakers []reconcile.Breaker `json:"circuit_breakers"`
 	// ProbeChecks are the tools' stored probe self-checks.
 	ProbeChecks []probeCheckStatus    `json:"probe_self_checks"`
 	Alerts      alerts.DeliveryHealth `json:"alerts"`
-	LastRuns    []ledger.Run          `json:"last_runs"`
+	LastRuns    []store.Run           `json:"last_runs"`
 	Warnings    []string              `json:"warnings"`
 }
 
 type toolStatus struct {
-	ledger.ToolStats
+	store.ToolStats
 	Configured    bool    `json:"configured"`
 	HasProbe      bool    `json:"has_probe"`
 	WindowSeconds float64 `json:"processing_window_plus_grace_seconds"`
@@ -86,11 +87,11 @@ func newStatusCmd(a *app) *cobra.Command {
 			}
 			defer pool.Close()
 			st := statusReport{At: time.Now().UTC(), Warnings: []string{}}
-			stats, err := ledger.Stats(ctx, pool, a.windows)
+			stats, err := store.Stats(ctx, pool, a.windows)
 			if err != nil {
 				return err
 			}
-			lat, err := ledger.ProcessingP99(ctx, pool, p99Since)
+			lat, err := store.ProcessingP99(ctx, pool, p99Since)
 			if err != nil {
 				return err
 			}
@@ -98,7 +99,7 @@ func newStatusCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p99 := map[string]ledger.ToolLatency{}
+			p99 := map[string]store.ToolLatency{}
 			for _, l := range lat {
 				p99[l.Tool] = l
 			}
@@ -118,7 +119,7 @@ func newStatusCmd(a *app) *cobra.Command {
 				}
 				st.Tools = append(st.Tools, ts)
 			}
-			if st.Holds, err = ledger.ListHolds(ctx, pool); err != nil {
+			if st.Holds, err = store.ListHolds(ctx, pool); err != nil {
 				return err
 			}
 			if st.Breakers, err = reconcile.Breakers(ctx, pool); err != nil {
@@ -148,7 +149,7 @@ func newStatusCmd(a *app) *cobra.Command {
 			if st.Alerts.Permanent > 0 {
 				st.Warnings = append(st.Warnings, "alert delivery is failing permanently: "+st.Alerts.LastError+" (fix alerts.slack; pending alerts are kept)")
 			}
-			if st.LastRuns, err = ledger.LastRuns(ctx, pool); err != nil {
+			if st.LastRuns, err = store.LastRuns(ctx, pool); err != nil {
 				return err
 			}
 			if asJSON {

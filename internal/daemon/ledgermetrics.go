@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
 
@@ -79,7 +80,7 @@ func NewLedgerMetrics(reg prometheus.Registerer) *LedgerMetrics {
 
 // Update refreshes the gauges. Configured tools always have a series (0
 // when nothing is stuck), so alert rules see a value, not an absence.
-func (m *LedgerMetrics) Update(ctx context.Context, db ledger.DBTX, windows ledger.Windows, configured []string) error {
+func (m *LedgerMetrics) Update(ctx context.Context, db ledger.DBTX, windows store.Windows, configured []string) error {
 	err := m.update(ctx, db, windows, configured)
 	if err != nil {
 		m.up.Set(0)
@@ -89,8 +90,8 @@ func (m *LedgerMetrics) Update(ctx context.Context, db ledger.DBTX, windows ledg
 	return err
 }
 
-func (m *LedgerMetrics) update(ctx context.Context, db ledger.DBTX, windows ledger.Windows, configured []string) error {
-	stats, err := ledger.StuckStats(ctx, db, windows)
+func (m *LedgerMetrics) update(ctx context.Context, db ledger.DBTX, windows store.Windows, configured []string) error {
+	stats, err := store.StuckStats(ctx, db, windows)
 	if err != nil {
 		return err
 	}
@@ -114,14 +115,14 @@ func (m *LedgerMetrics) update(ctx context.Context, db ledger.DBTX, windows ledg
 			m.oldestStuck.WithLabelValues(t).Set(0)
 		}
 	}
-	holds, err := ledger.HoldStats(ctx, db)
+	holds, err := store.HoldStats(ctx, db)
 	if err != nil {
 		return err
 	}
 	for t := range m.seenTool {
 		m.seenHold[t] = true
 	}
-	heldBy := map[string]ledger.ToolHolds{}
+	heldBy := map[string]store.ToolHolds{}
 	for _, h := range holds {
 		heldBy[h.Tool] = h
 		m.seenHold[h.Tool] = true
@@ -148,7 +149,7 @@ func (m *LedgerMetrics) update(ctx context.Context, db ledger.DBTX, windows ledg
 		m.breakerOpen.WithLabelValues(t).Set(v)
 	}
 	if time.Since(m.lastP99) >= p99Every {
-		lat, err := ledger.ProcessingP99(ctx, db, time.Hour)
+		lat, err := store.ProcessingP99(ctx, db, time.Hour)
 		if err != nil {
 			return err
 		}

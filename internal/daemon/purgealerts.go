@@ -9,6 +9,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // PurgeAlerts is the purger's way to the alert tables (expiry.Alerts),
@@ -20,7 +21,7 @@ var _ expiry.Alerts = PurgeAlerts{}
 
 // ExpiredProcessing raises k's expired_processing alert with alerts.Raise,
 // inside tx (invariant 8).
-func (PurgeAlerts) ExpiredProcessing(ctx context.Context, tx pgx.Tx, k ledger.ExpiredKey, renotifyAfter time.Duration) (bool, error) {
+func (PurgeAlerts) ExpiredProcessing(ctx context.Context, tx pgx.Tx, k store.ExpiredKey, renotifyAfter time.Duration) (bool, error) {
 	return alerts.Raise(ctx, tx, alerts.Alert{
 		Reason: alerts.ReasonExpiredProcessing,
 		Tool:   k.Tool,

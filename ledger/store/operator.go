@@ -1,4 +1,4 @@
-package ledger
+package store
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // VerdictOperator is the verdict recorded for a decision an operator made
@@ -68,12 +69,12 @@ type OperatorDecision struct {
 func (d OperatorDecision) pending() (pending, error) {
 	var action string
 	switch d.Transition {
-	case StatusCompleted:
+	case ledger.StatusCompleted:
 		action = ActionOperatorCompleted
-	case StatusFailedRetryable:
+	case ledger.StatusFailedRetryable:
 		action = ActionOperatorMarkedRetryable
 	default:
-		return pending{}, fmt.Errorf("operator decision on key %q: transition %q, want %q or %q", d.Key, d.Transition, StatusCompleted, StatusFailedRetryable)
+		return pending{}, fmt.Errorf("operator decision on key %q: transition %q, want %q or %q", d.Key, d.Transition, ledger.StatusCompleted, ledger.StatusFailedRetryable)
 	}
 	if !d.Force && d.Window <= 0 {
 		// A zero window would judge every key idle: refuse rather than
@@ -120,11 +121,11 @@ func DecideOperator(ctx context.Context, tx pgx.Tx, d OperatorDecision) (DecideR
 // operator's view of it (in flight, stuck) is judged by the same clock as
 // every decision. ErrNotFound if the key is not in the ledger; the clock is
 // returned either way.
-func GetWithClock(ctx context.Context, db DBTX, key string) (Key, time.Time, error) {
+func GetWithClock(ctx context.Context, db ledger.DBTX, key string) (ledger.Key, time.Time, error) {
 	var now time.Time
 	if err := db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return Key{}, time.Time{}, wrap("read the database's clock", err)
+		return ledger.Key{}, time.Time{}, wrap("read the database's clock", err)
 	}
-	k, err := Get(ctx, db, key)
+	k, err := ledger.Get(ctx, db, key)
 	return k, now, err
 }

@@ -1,4 +1,4 @@
-package ledger
+package store
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // These tests reach the conditions that the Go-side checks normally decide
@@ -28,8 +29,8 @@ func TestLeaseDueGivesBackAKeyHeldMidStatement(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	putKey(t, db, "first", "t", StatusProcessing, 2*time.Hour, day)
-	putKey(t, db, "held", "t", StatusProcessing, time.Hour, day)
+	putKey(t, db, "first", "t", ledger.StatusProcessing, 2*time.Hour, day)
+	putKey(t, db, "held", "t", ledger.StatusProcessing, time.Hour, day)
 	db.Exec(t, `INSERT INTO reconcile_state (key, tool, claimed_at) SELECT key, tool, claimed_at FROM idempotency_keys WHERE key = 'first'`)
 
 	blocker, err := db.Pool.Begin(ctx)
@@ -107,23 +108,23 @@ func TestDecisionTransitionIsCompareAndSetInSQL(t *testing.T) {
 		// reclaimed: the row's claimed_at is not the one decided on.
 		reclaimed bool
 	}{
-		{"completed, re-claimed meanwhile", StatusCompleted, StatusProcessing, true},
-		{"completed, completed meanwhile", StatusCompleted, StatusCompleted, false},
-		{"failed_retryable, re-claimed meanwhile", StatusFailedRetryable, StatusProcessing, true},
-		{"failed_retryable, marked retryable meanwhile", StatusFailedRetryable, StatusFailedRetryable, false},
-		{"failed_retryable, completed meanwhile", StatusFailedRetryable, StatusCompleted, false},
+		{"completed, re-claimed meanwhile", ledger.StatusCompleted, ledger.StatusProcessing, true},
+		{"completed, completed meanwhile", ledger.StatusCompleted, ledger.StatusCompleted, false},
+		{"failed_retryable, re-claimed meanwhile", ledger.StatusFailedRetryable, ledger.StatusProcessing, true},
+		{"failed_retryable, marked retryable meanwhile", ledger.StatusFailedRetryable, ledger.StatusFailedRetryable, false},
+		{"failed_retryable, completed meanwhile", ledger.StatusFailedRetryable, ledger.StatusCompleted, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
 			ctx := context.Background()
 			putKey(t, db, "k", "t", tc.real, time.Hour, day)
-			real, err := Get(ctx, db.Pool, "k")
+			real, err := ledger.Get(ctx, db.Pool, "k")
 			if err != nil {
 				t.Fatal(err)
 			}
 			stale := real
-			stale.Status = StatusProcessing
+			stale.Status = ledger.StatusProcessing
 			if tc.reclaimed {
 				stale.ClaimedAt = real.ClaimedAt.Add(-time.Minute)
 			}
@@ -148,14 +149,14 @@ func TestDecisionTransitionIsCompareAndSetInSQL(t *testing.T) {
 			defer tx.Rollback(ctx)
 			err = tx.SendBatch(ctx, batch).Close()
 			if !errors.Is(err, pgx.ErrNoRows) {
-				now, _ := Get(ctx, tx, "k")
+				now, _ := ledger.Get(ctx, tx, "k")
 				t.Fatalf("batch err = %v, want pgx.ErrNoRows: the transition to %s matched a row in status %s claimed at %s (decided on %s); now %s",
 					err, tc.transition, real.Status, real.ClaimedAt, d.ClaimedAt, now.Status)
 			}
 			if err := tx.Rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
-			after, err := Get(ctx, db.Pool, "k")
+			after, err := ledger.Get(ctx, db.Pool, "k")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package ledger
+package store
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // Hold is an operator's hold on a key: it is neither probed, resolved nor
@@ -68,7 +69,7 @@ func putHold(ctx context.Context, tx pgx.Tx, key, reason, actor string, replace 
 			return nil, &HeldError{Hold: old}
 		}
 		prev = &old
-	case !errors.Is(err, ErrNotFound):
+	case !errors.Is(err, ledger.ErrNotFound):
 		return nil, err
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO key_holds (key, reason, actor) VALUES ($1, $2, $3)
@@ -100,10 +101,10 @@ func ReleaseHold(ctx context.Context, tx pgx.Tx, key, actor string) error {
 		return wrap("release hold", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("release hold of %q: %w", key, ErrNotFound)
+		return fmt.Errorf("release hold of %q: %w", key, ledger.ErrNotFound)
 	}
-	k, err := Get(ctx, tx, key)
-	if errors.Is(err, ErrNotFound) {
+	k, err := ledger.Get(ctx, tx, key)
+	if errors.Is(err, ledger.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
@@ -117,7 +118,7 @@ func ReleaseHold(ctx context.Context, tx pgx.Tx, key, actor string) error {
 }
 
 // ListHolds returns every hold, oldest first.
-func ListHolds(ctx context.Context, db DBTX) ([]Hold, error) {
+func ListHolds(ctx context.Context, db ledger.DBTX) ([]Hold, error) {
 	rows, err := db.Query(ctx, `SELECT h.key, coalesce(k.tool, ''), coalesce(k.status, ''), h.reason, h.actor, h.created_at
 		FROM key_holds h LEFT JOIN idempotency_keys k ON k.key = h.key ORDER BY h.created_at, h.key`)
 	if err != nil {
@@ -128,7 +129,7 @@ func ListHolds(ctx context.Context, db DBTX) ([]Hold, error) {
 }
 
 // GetHold returns the key's hold, or ErrNotFound.
-func GetHold(ctx context.Context, db DBTX, key string) (Hold, error) {
+func GetHold(ctx context.Context, db ledger.DBTX, key string) (Hold, error) {
 	var h Hold
 	err := db.QueryRow(ctx, `SELECT h.key, coalesce(k.tool, ''), coalesce(k.status, ''), h.reason, h.actor, h.created_at
 		FROM key_holds h LEFT JOIN idempotency_keys k ON k.key = h.key WHERE h.key = $1`, key).
@@ -136,13 +137,13 @@ func GetHold(ctx context.Context, db DBTX, key string) (Hold, error) {
 	return h, wrap("get hold", err)
 }
 
-func isHeld(ctx context.Context, db DBTX, key string) (bool, error) {
+func isHeld(ctx context.Context, db ledger.DBTX, key string) (bool, error) {
 	var held bool
 	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM key_holds WHERE key = $1)`, key).Scan(&held)
 	return held, wrap("check hold", err)
 }
 
-func currentAttempts(ctx context.Context, db DBTX, k Key) (int, error) {
+func currentAttempts(ctx context.Context, db ledger.DBTX, k ledger.Key) (int, error) {
 	var n int
 	err := db.QueryRow(ctx, `SELECT coalesce((SELECT attempts FROM reconcile_state WHERE key = $1 AND claimed_at = $2), 0)`, k.Key, k.ClaimedAt).Scan(&n)
 	return n, wrap("read attempts", err)
@@ -165,7 +166,7 @@ type ToolHolds struct {
 // HoldStats counts holds per tool with the age of each tool's oldest hold,
 // in one aggregate statement (its cost follows the number of holds, which
 // is small; no hold is loaded).
-func HoldStats(ctx context.Context, db DBTX) ([]ToolHolds, error) {
+func HoldStats(ctx context.Context, db ledger.DBTX) ([]ToolHolds, error) {
 	rows, err := db.Query(ctx, `SELECT coalesce(k.tool, ''), count(*), extract(epoch FROM now() - min(h.created_at))::float8
 		FROM key_holds h LEFT JOIN idempotency_keys k ON k.key = h.key
 		GROUP BY 1 ORDER BY 1`)

@@ -1,4 +1,4 @@
-package ledger_test
+package store_test
 
 import (
 	"slices"
@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // A heartbeat is fresh for the tool's heartbeat_timeout, not its processing
@@ -29,8 +29,8 @@ func TestHeartbeatFreshnessUsesHeartbeatTimeout(t *testing.T) {
 			claim(t, db.Pool, "k", "h")
 			age(t, db, "k", time.Hour)
 			db.Exec(t, `UPDATE idempotency_keys SET heartbeat_at = now() - interval '2 minutes' WHERE key = 'k'`)
-			p := ledger.LeaseParams{Tool: "create_ticket", Window: tc.window, HeartbeatTimeout: tc.heartbeat, Limit: 10}
-			peeked, err := ledger.PeekDue(ctx, db.Pool, p, ledger.Leased{})
+			p := store.LeaseParams{Tool: "create_ticket", Window: tc.window, HeartbeatTimeout: tc.heartbeat, Limit: 10}
+			peeked, err := store.PeekDue(ctx, db.Pool, p, store.Leased{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,37 +61,37 @@ func TestConclusiveVerdictResetsNotFoundConfirmation(t *testing.T) {
 	// by reconcile --key), then decided.
 	bookkeeping := func(verdict string, notFound bool) {
 		t.Helper()
-		l := lease(t, db.Pool, "me", ledger.LeaseParams{IgnoreBackoff: true, Keys: []string{"k"}})
+		l := lease(t, db.Pool, "me", store.LeaseParams{IgnoreBackoff: true, Keys: []string{"k"}})
 		if len(l) != 1 {
 			t.Fatalf("key not leased for the %s: %+v", verdict, l)
 		}
-		res := decide(t, db, ledger.Decision{Key: "k", Tool: "create_ticket", ClaimedAt: l[0].ClaimedAt, Owner: "me", Actor: "r", Verdict: verdict,
+		res := decide(t, db, store.Decision{Key: "k", Tool: "create_ticket", ClaimedAt: l[0].ClaimedAt, Owner: "me", Actor: "r", Verdict: verdict,
 			Action: "backoff", CountAttempt: true, NotFoundSeen: notFound})
 		if !res.Applied {
 			t.Fatalf("%s not applied: %+v", verdict, res)
 		}
 	}
 	bookkeeping("not_found", true)
-	first, err := ledger.GetState(ctx, db.Pool, "k")
+	first, err := store.GetState(ctx, db.Pool, "k")
 	if err != nil || first.FirstNotFoundAt == nil {
 		t.Fatalf("after not_found: %+v, %v", first, err)
 	}
 	for _, verdict := range []string{"found", "duplicate"} {
 		bookkeeping("not_found", true)
 		bookkeeping(verdict, false)
-		st, _ := ledger.GetState(ctx, db.Pool, "k")
+		st, _ := store.GetState(ctx, db.Pool, "k")
 		if st.FirstNotFoundAt != nil {
 			t.Fatalf("a %s between two not_founds kept the first not_found (%s): the confirmation must start again", verdict, st.FirstNotFoundAt)
 		}
 	}
 	bookkeeping("not_found", true)
-	again, _ := ledger.GetState(ctx, db.Pool, "k")
+	again, _ := store.GetState(ctx, db.Pool, "k")
 	if again.FirstNotFoundAt == nil || !again.FirstNotFoundAt.After(*first.FirstNotFoundAt) {
 		t.Fatalf("the not_found after a reset is dated %v, want after the first one (%s)", again.FirstNotFoundAt, first.FirstNotFoundAt)
 	}
 	// And an unknown keeps it.
 	bookkeeping("unknown", false)
-	if st, _ := ledger.GetState(ctx, db.Pool, "k"); st.FirstNotFoundAt == nil || !st.FirstNotFoundAt.Equal(*again.FirstNotFoundAt) {
+	if st, _ := store.GetState(ctx, db.Pool, "k"); st.FirstNotFoundAt == nil || !st.FirstNotFoundAt.Equal(*again.FirstNotFoundAt) {
 		t.Fatalf("an unknown lost the pending not_found: %+v", st)
 	}
 }

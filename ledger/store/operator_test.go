@@ -1,4 +1,4 @@
-package ledger_test
+package store_test
 
 import (
 	"encoding/json"
@@ -10,14 +10,15 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
-func decideOperator(t *testing.T, db *pgtest.DB, d ledger.OperatorDecision) ledger.DecideResult {
+func decideOperator(t *testing.T, db *pgtest.DB, d store.OperatorDecision) store.DecideResult {
 	t.Helper()
-	var res ledger.DecideResult
+	var res store.DecideResult
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		var err error
-		res, err = ledger.DecideOperator(ctx, tx, d)
+		res, err = store.DecideOperator(ctx, tx, d)
 		return err
 	})
 	if err != nil {
@@ -51,7 +52,7 @@ func TestOperatorDecisionRefusesFreshHeartbeat(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res := decideOperator(t, db, ledger.OperatorDecision{Key: "k", Tool: "create_ticket", ClaimedAt: k.ClaimedAt, Actor: "op", Reason: "r",
+			res := decideOperator(t, db, store.OperatorDecision{Key: "k", Tool: "create_ticket", ClaimedAt: k.ClaimedAt, Actor: "op", Reason: "r",
 				Transition: ledger.StatusCompleted, ResponseCode: 201, ResponseBody: json.RawMessage(`{"id":1}`),
 				Window: tc.window, HeartbeatTimeout: tc.heartbeat})
 			after, _ := ledger.Get(ctx, db.Pool, "k")
@@ -61,7 +62,7 @@ func TestOperatorDecisionRefusesFreshHeartbeat(t *testing.T) {
 				}
 				return
 			}
-			if res.Applied || res.Action != ledger.ActionInFlight {
+			if res.Applied || res.Action != store.ActionInFlight {
 				t.Fatalf("operator resolved a key heartbeating %s ago (heartbeat_timeout %s): %+v", tc.beat, tc.heartbeat, res)
 			}
 			if after.Status != ledger.StatusProcessing || db.Count(t, "reconcile_audit") != 0 || db.Count(t, "reconcile_state") != 0 {
@@ -78,18 +79,18 @@ func TestOperatorDecisionGuards(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	fresh := claim(t, db.Pool, "young", "h")
-	young := ledger.OperatorDecision{Key: "young", Tool: "create_ticket", ClaimedAt: fresh.Row.ClaimedAt, Actor: "op", Reason: "r",
+	young := store.OperatorDecision{Key: "young", Tool: "create_ticket", ClaimedAt: fresh.Row.ClaimedAt, Actor: "op", Reason: "r",
 		Transition: ledger.StatusFailedRetryable, Window: time.Minute, HeartbeatTimeout: time.Minute}
 	res := decideOperator(t, db, young)
-	if res.Applied || res.Action != ledger.ActionInFlight || db.Count(t, "reconcile_audit") != 0 {
+	if res.Applied || res.Action != store.ActionInFlight || db.Count(t, "reconcile_audit") != 0 {
 		t.Fatalf("in-flight operator decision: %+v", res)
 	}
 	// Forced: applied, and the audit says so.
 	young.Force = true
-	if res = decideOperator(t, db, young); !res.Applied || res.Current.Status != ledger.StatusFailedRetryable || res.Action != ledger.ActionOperatorMarkedRetryable {
+	if res = decideOperator(t, db, young); !res.Applied || res.Current.Status != ledger.StatusFailedRetryable || res.Action != store.ActionOperatorMarkedRetryable {
 		t.Fatalf("forced operator decision: %+v", res)
 	}
-	hist, err := ledger.History(ctx, db.Pool, "young", 10)
+	hist, err := store.History(ctx, db.Pool, "young", 10)
 	if err != nil || len(hist) != 1 || hist[0].Verdict != "operator" || hist[0].Actor != "op" || hist[0].Action != "operator_marked_retryable" {
 		t.Fatalf("forced decision's audit = %+v, %v", hist, err)
 	}
@@ -107,15 +108,15 @@ func TestOperatorDecisionGuards(t *testing.T) {
 	}
 	age(t, db, "old", time.Hour)
 	k, _ := ledger.Get(ctx, db.Pool, "old")
-	complete := ledger.OperatorDecision{Key: "old", Tool: "create_ticket", ClaimedAt: k.ClaimedAt, Actor: "op", Reason: "found it",
+	complete := store.OperatorDecision{Key: "old", Tool: "create_ticket", ClaimedAt: k.ClaimedAt, Actor: "op", Reason: "found it",
 		Transition: ledger.StatusCompleted, ResponseCode: 201, ResponseBody: json.RawMessage(`{"id":1}`), Window: time.Minute}
 	// Without AllowFailedRetryable a failed_retryable key is not processing:
 	// nothing changes.
-	if res = decideOperator(t, db, complete); res.Applied || res.Action != ledger.ActionResolvedByOriginal {
+	if res = decideOperator(t, db, complete); res.Applied || res.Action != store.ActionResolvedByOriginal {
 		t.Fatalf("completing a failed_retryable key without AllowFailedRetryable: %+v", res)
 	}
 	complete.AllowFailedRetryable = true
-	if res = decideOperator(t, db, complete); !res.Applied || res.Current.Status != ledger.StatusCompleted || res.Action != ledger.ActionOperatorCompleted {
+	if res = decideOperator(t, db, complete); !res.Applied || res.Current.Status != ledger.StatusCompleted || res.Action != store.ActionOperatorCompleted {
 		t.Fatalf("completing a failed_retryable key: %+v", res)
 	}
 }
@@ -131,34 +132,34 @@ func TestOperatorDecisionConditions(t *testing.T) {
 		age(t, db, k, time.Hour)
 	}
 	at := map[string]time.Time{}
-	for _, l := range lease(t, db.Pool, "replica-a", ledger.LeaseParams{}) {
+	for _, l := range lease(t, db.Pool, "replica-a", store.LeaseParams{}) {
 		at[l.Key.Key] = l.ClaimedAt
 	}
-	op := func(key string) ledger.OperatorDecision {
-		return ledger.OperatorDecision{Key: key, Tool: "create_ticket", ClaimedAt: at[key], Actor: "op", Reason: "r",
+	op := func(key string) store.OperatorDecision {
+		return store.OperatorDecision{Key: key, Tool: "create_ticket", ClaimedAt: at[key], Actor: "op", Reason: "r",
 			Transition: ledger.StatusFailedRetryable, Window: time.Minute, HeartbeatTimeout: time.Minute}
 	}
 	if res := decideOperator(t, db, op("leased")); !res.Applied {
 		t.Fatalf("operator decision on a key leased by a replica: %+v", res)
 	}
-	if st, err := ledger.GetState(ctx, db.Pool, "leased"); err != nil || st.LeaseOwner != nil {
+	if st, err := store.GetState(ctx, db.Pool, "leased"); err != nil || st.LeaseOwner != nil {
 		t.Fatalf("the settled claim is still leased: %+v, %v", st, err)
 	}
 
 	db.Exec(t, `INSERT INTO key_holds (key, reason, actor) VALUES ('held', 'r', 'alice')`)
-	if res := decideOperator(t, db, op("held")); res.Applied || res.Action != ledger.ActionHeld {
+	if res := decideOperator(t, db, op("held")); res.Applied || res.Action != store.ActionHeld {
 		t.Fatalf("operator decision on a held key: %+v", res)
 	}
 	// Refused but audited; the replica's lease is not the operator's to give back.
-	if st, _ := ledger.GetState(ctx, db.Pool, "held"); st.LeaseOwner == nil || *st.LeaseOwner != "replica-a" {
+	if st, _ := store.GetState(ctx, db.Pool, "held"); st.LeaseOwner == nil || *st.LeaseOwner != "replica-a" {
 		t.Fatalf("a refused operator decision touched the replica's lease: %+v", st)
 	}
-	if h, _ := ledger.History(ctx, db.Pool, "held", 10); len(h) != 1 || h[0].Action != ledger.ActionHeld {
+	if h, _ := store.History(ctx, db.Pool, "held", 10); len(h) != 1 || h[0].Action != store.ActionHeld {
 		t.Fatalf("held refusal's audit = %+v", h)
 	}
 
 	db.Exec(t, `UPDATE idempotency_keys SET claimed_at = now() - interval '2 hours' WHERE key = 'reclaimed'`)
-	if res := decideOperator(t, db, op("reclaimed")); res.Applied || res.Action != ledger.ActionResolvedByOriginal {
+	if res := decideOperator(t, db, op("reclaimed")); res.Applied || res.Action != store.ActionResolvedByOriginal {
 		t.Fatalf("operator decision on another claim: %+v", res)
 	}
 	if k, _ := ledger.Get(ctx, db.Pool, "reclaimed"); k.Status != ledger.StatusProcessing {
@@ -177,17 +178,17 @@ func TestDecisionKindsRefuseMissingGuards(t *testing.T) {
 	age(t, db, "k", time.Hour)
 	for name, f := range map[string]func(tx pgx.Tx) error{
 		"reconciler decision without an owner": func(tx pgx.Tx) error {
-			_, err := ledger.Decide(ctx, tx, ledger.Decision{Key: "k", Tool: "create_ticket", ClaimedAt: k.ClaimedAt, Actor: "r",
+			_, err := store.Decide(ctx, tx, store.Decision{Key: "k", Tool: "create_ticket", ClaimedAt: k.ClaimedAt, Actor: "r",
 				Verdict: "not_found", Transition: ledger.StatusFailedRetryable, Action: "marked_retryable"})
 			return err
 		},
 		"operator decision without a window": func(tx pgx.Tx) error {
-			_, err := ledger.DecideOperator(ctx, tx, ledger.OperatorDecision{Key: "k", Tool: "create_ticket", ClaimedAt: k.ClaimedAt,
+			_, err := store.DecideOperator(ctx, tx, store.OperatorDecision{Key: "k", Tool: "create_ticket", ClaimedAt: k.ClaimedAt,
 				Actor: "op", Reason: "r", Transition: ledger.StatusFailedRetryable})
 			return err
 		},
 		"operator decision without a transition": func(tx pgx.Tx) error {
-			_, err := ledger.DecideOperator(ctx, tx, ledger.OperatorDecision{Key: "k", Tool: "create_ticket", ClaimedAt: k.ClaimedAt,
+			_, err := store.DecideOperator(ctx, tx, store.OperatorDecision{Key: "k", Tool: "create_ticket", ClaimedAt: k.ClaimedAt,
 				Actor: "op", Reason: "r", Force: true})
 			return err
 		},

@@ -1,4 +1,4 @@
-package ledger
+package store
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // ToolStats is one tool's line in `ledgerkeeper status`.
@@ -35,7 +36,7 @@ type Windows func(tool string) (window, heartbeat time.Duration)
 // Stats counts keys per tool and status. The per-status count scans the
 // table (an operator command, not a hot path); stuck keys are found through
 // the partial index.
-func Stats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, error) {
+func Stats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolStats, error) {
 	rows, err := db.Query(ctx, `SELECT tool, status, count(*) FROM idempotency_keys GROUP BY tool, status`)
 	if err != nil {
 		return nil, wrap("count keys", err)
@@ -55,11 +56,11 @@ func Stats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, error) {
 	_, err = pgx.ForEachRow(rows, []any{&tool, &status, &n}, func() error {
 		s := get(tool)
 		switch status {
-		case StatusProcessing:
+		case ledger.StatusProcessing:
 			processing[tool] = n
-		case StatusCompleted:
+		case ledger.StatusCompleted:
 			s.Completed = n
-		case StatusFailedRetryable:
+		case ledger.StatusFailedRetryable:
 			s.FailedRetryable = n
 		}
 		return nil
@@ -104,7 +105,7 @@ func Stats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, error) {
 // statements whatever the number of tools: one finds the tools with
 // processing keys, the other counts every tool's stuck keys against its own
 // windows, passed as arrays.
-func StuckStats(ctx context.Context, db DBTX, windows Windows) ([]ToolStats, error) {
+func StuckStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolStats, error) {
 	rows, err := db.Query(ctx, `SELECT tool, count(*) FROM idempotency_keys WHERE status = 'processing' GROUP BY tool ORDER BY tool`)
 	if err != nil {
 		return nil, wrap("count processing keys", err)
@@ -182,7 +183,7 @@ type Run struct {
 }
 
 // RecordRun stores a pass's summary.
-func RecordRun(ctx context.Context, db DBTX, r Run) error {
+func RecordRun(ctx context.Context, db ledger.DBTX, r Run) error {
 	var errText *string
 	if r.Error != "" {
 		errText = &r.Error
@@ -197,7 +198,7 @@ func RecordRun(ctx context.Context, db DBTX, r Run) error {
 }
 
 // LastRuns returns the newest run of each kind.
-func LastRuns(ctx context.Context, db DBTX) ([]Run, error) {
+func LastRuns(ctx context.Context, db ledger.DBTX) ([]Run, error) {
 	rows, err := db.Query(ctx, `SELECT DISTINCT ON (kind) kind, actor, started_at, finished_at, stats, coalesce(error, '')
 		FROM ledgerkeeper_runs ORDER BY kind, id DESC`)
 	if err != nil {

@@ -1,4 +1,4 @@
-package ledger
+package store
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // BreakerState is a tool's circuit breaker as stored in tool_breakers and
@@ -32,7 +33,7 @@ func (b BreakerState) Open() bool { return b.OpenUntil != nil && b.OpenUntil.Aft
 func (b BreakerState) HalfOpen() bool { return b.Opens > 0 && !b.Open() }
 
 // LoadBreaker reads a tool's breaker (all zero when it never counted).
-func LoadBreaker(ctx context.Context, db DBTX, tool string) (BreakerState, error) {
+func LoadBreaker(ctx context.Context, db ledger.DBTX, tool string) (BreakerState, error) {
 	var b BreakerState
 	err := db.QueryRow(ctx, `SELECT coalesce(consecutive_failures, 0), coalesce(opens, 0), open_until, trial_until, now()
 		FROM (SELECT 1) one LEFT JOIN tool_breakers ON tool = $1`, tool).Scan(&b.Consecutive, &b.Opens, &b.OpenUntil, &b.TrialUntil, &b.Now)
@@ -42,7 +43,7 @@ func LoadBreaker(ctx context.Context, db DBTX, tool string) (BreakerState, error
 // ClaimBreakerTrial makes the caller the one that sends a half-open
 // breaker's trial probe, for lease; false when another replica's trial is
 // under way or the breaker is not half-open.
-func ClaimBreakerTrial(ctx context.Context, db DBTX, tool string, lease time.Duration) (bool, error) {
+func ClaimBreakerTrial(ctx context.Context, db ledger.DBTX, tool string, lease time.Duration) (bool, error) {
 	tag, err := db.Exec(ctx, `UPDATE tool_breakers SET trial_until = now() + $2::interval, updated_at = now()
 		WHERE tool = $1 AND opens > 0 AND open_until <= now() AND (trial_until IS NULL OR trial_until <= now())`, tool, lease)
 	if err != nil {
@@ -63,7 +64,7 @@ type Breaker struct {
 
 // Breakers lists tools whose breaker has opened and not closed since, or
 // that are counting failures towards opening it.
-func Breakers(ctx context.Context, db DBTX) ([]Breaker, error) {
+func Breakers(ctx context.Context, db ledger.DBTX) ([]Breaker, error) {
 	rows, err := db.Query(ctx, `SELECT tool, opens, open_until, coalesce(open_until > now(), false), coalesce(last_error, ''), consecutive_failures
 		FROM tool_breakers WHERE opens > 0 OR consecutive_failures > 0 ORDER BY tool`)
 	if err != nil {

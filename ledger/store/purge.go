@@ -1,4 +1,4 @@
-package ledger
+package store
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // This file holds the purge's SQL on the ledger's tables (package expiry
@@ -31,21 +32,21 @@ const purgeLockID int64 = 0x6c6b7075726765
 // got it. db must be one dedicated connection kept for the whole pass: a
 // session lock belongs to its connection and dies with it, so a crashed
 // purge never leaves the lock behind.
-func TryPurgeLock(ctx context.Context, db DBTX) (bool, error) {
+func TryPurgeLock(ctx context.Context, db ledger.DBTX) (bool, error) {
 	var ok bool
 	err := db.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, purgeLockID).Scan(&ok)
 	return ok, wrap("take purge lock", err)
 }
 
 // ReleasePurgeLock gives the purge lock back, on the connection that took it.
-func ReleasePurgeLock(ctx context.Context, db DBTX) error {
+func ReleasePurgeLock(ctx context.Context, db ledger.DBTX) error {
 	_, err := db.Exec(ctx, `SELECT pg_advisory_unlock($1)`, purgeLockID)
 	return wrap("release purge lock", err)
 }
 
 // PurgeRunning reports whether some session holds the purge lock now, without
 // taking it: a dry run says so instead of competing for the lock.
-func PurgeRunning(ctx context.Context, db DBTX) (bool, error) {
+func PurgeRunning(ctx context.Context, db ledger.DBTX) (bool, error) {
 	// A bigint advisory key is stored as classid = high half, objid = low
 	// half, objsubid = 1: https://www.postgresql.org/docs/15/view-pg-locks.html
 	var held bool
@@ -60,7 +61,7 @@ func PurgeRunning(ctx context.Context, db DBTX) (bool, error) {
 // purge's dedicated connection): a batch stuck behind a lock or a slow disk
 // is cancelled by the server, rolled back, and retried smaller. Zero turns
 // the bound off.
-func SetStatementTimeout(ctx context.Context, db DBTX, d time.Duration) error {
+func SetStatementTimeout(ctx context.Context, db ledger.DBTX, d time.Duration) error {
 	_, err := db.Exec(ctx, `SELECT set_config('statement_timeout', $1, false)`, fmt.Sprintf("%dms", d.Milliseconds()))
 	return wrap("set statement timeout", err)
 }
@@ -315,7 +316,7 @@ type ExpiredKey struct {
 // CountExpiredProcessing counts processing keys past expires_at: all of
 // them, and those on hold. Through the partial index on processing keys, so
 // its cost follows the number of processing keys, not the table's size.
-func CountExpiredProcessing(ctx context.Context, db DBTX) (total, held int64, err error) {
+func CountExpiredProcessing(ctx context.Context, db ledger.DBTX) (total, held int64, err error) {
 	err = db.QueryRow(ctx, `SELECT count(*), count(h.key)
 		FROM idempotency_keys k LEFT JOIN key_holds h ON h.key = k.key
 		WHERE k.status = 'processing' AND k.expires_at < now()`).Scan(&total, &held)
@@ -326,7 +327,7 @@ func CountExpiredProcessing(ctx context.Context, db DBTX) (total, held int64, er
 // not on hold (a hold is the operator's acknowledgement), after the cursor
 // in (expires_at, key) order. Run it inside the transaction that raises
 // their alerts.
-func ExpiredProcessingPage(ctx context.Context, db DBTX, after PurgeCursor, limit int) ([]ExpiredKey, error) {
+func ExpiredProcessingPage(ctx context.Context, db ledger.DBTX, after PurgeCursor, limit int) ([]ExpiredKey, error) {
 	at, key := after.args()
 	rows, err := db.Query(ctx, `SELECT k.key, k.tool, k.created_at, k.claimed_at, k.expires_at
 		FROM idempotency_keys k
@@ -358,7 +359,7 @@ type PurgePreview struct {
 
 // PreviewPurge counts, in one read of the expired part of the ledger, what
 // PurgeExpiredBatch would delete and what it would keep and why.
-func PreviewPurge(ctx context.Context, db DBTX, p PurgePolicy) (PurgePreview, error) {
+func PreviewPurge(ctx context.Context, db ledger.DBTX, p PurgePolicy) (PurgePreview, error) {
 	tools, floors, def := p.args()
 	rows, err := db.Query(ctx, `SELECT k.tool, k.status,
 		k.created_at < now() - coalesce(($2::interval[])[array_position($1::text[], k.tool::text)], $3::interval) AS past_floor,
@@ -376,7 +377,7 @@ func PreviewPurge(ctx context.Context, db DBTX, p PurgePolicy) (PurgePreview, er
 	var pastFloor, held bool
 	_, err = pgx.ForEachRow(rows, []any{&c.Tool, &c.Status, &pastFloor, &held, &c.Keys, &c.OldestExpiresAt}, func() error {
 		switch {
-		case c.Status == StatusProcessing:
+		case c.Status == ledger.StatusProcessing:
 			out.ExpiredProcessing += c.Keys
 			if held {
 				out.Held += c.Keys
@@ -452,7 +453,7 @@ var daemonPurge = map[DaemonTable]struct {
 // each DaemonTable for what qualifies; orphaned reconcile_state rows go
 // whatever their age), in one statement: its own transaction when db is a
 // pool or a bare connection.
-func PurgeDaemonBatch(ctx context.Context, db DBTX, table DaemonTable, maxAge time.Duration, limit int) (int64, error) {
+func PurgeDaemonBatch(ctx context.Context, db ledger.DBTX, table DaemonTable, maxAge time.Duration, limit int) (int64, error) {
 	q, ok := daemonPurge[table]
 	if !ok {
 		panic("ledger: unknown daemon table " + string(table))
@@ -473,7 +474,7 @@ func PurgeDaemonBatch(ctx context.Context, db DBTX, table DaemonTable, maxAge ti
 
 // CountDaemonPurge counts what PurgeDaemonBatch would delete from table,
 // all batches together.
-func CountDaemonPurge(ctx context.Context, db DBTX, table DaemonTable, maxAge time.Duration) (int64, error) {
+func CountDaemonPurge(ctx context.Context, db ledger.DBTX, table DaemonTable, maxAge time.Duration) (int64, error) {
 	q, ok := daemonPurge[table]
 	if !ok {
 		panic("ledger: unknown daemon table " + string(table))

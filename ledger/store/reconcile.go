@@ -1,4 +1,4 @@
-package ledger
+package store
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // LeaseParams select due keys of one tool.
@@ -35,7 +36,7 @@ type LeaseParams struct {
 
 // Leased is a key leased for one probe attempt.
 type Leased struct {
-	Key
+	ledger.Key
 	// Attempts is the number of probe decisions already recorded for this
 	// claim of the key.
 	Attempts int
@@ -71,7 +72,7 @@ const duePredicate = `k.status = 'processing'
 // The row locks (FOR NO KEY UPDATE SKIP LOCKED) keep concurrent leasers off
 // each other's candidates; the upsert's WHERE, evaluated on the latest
 // committed reconcile_state row, is what makes a lease exclusive.
-func LeaseDue(ctx context.Context, db DBTX, p LeaseParams) ([]Leased, error) {
+func LeaseDue(ctx context.Context, db ledger.DBTX, p LeaseParams) ([]Leased, error) {
 	if p.Limit <= 0 || p.Owner == "" || p.Lease <= 0 {
 		panic("ledger: LeaseDue needs Limit, Owner and Lease")
 	}
@@ -158,7 +159,7 @@ ORDER BY c.claimed_at`
 // PeekDue lists due keys like LeaseDue but leases nothing and locks nothing:
 // for dry runs. It pages by keyset: pass the last key of the previous page
 // as after (the zero value starts at the beginning).
-func PeekDue(ctx context.Context, db DBTX, p LeaseParams, after Leased) ([]Leased, error) {
+func PeekDue(ctx context.Context, db ledger.DBTX, p LeaseParams, after Leased) ([]Leased, error) {
 	const q = `
 SELECT k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
        k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at,
@@ -195,7 +196,7 @@ LIMIT $6`
 // ProcessingTools lists the tools that have processing keys claimed before
 // now() - olderThan. A loose index scan on the partial index: its cost grows
 // with the number of tools, not of rows.
-func ProcessingTools(ctx context.Context, db DBTX, olderThan time.Duration) ([]string, error) {
+func ProcessingTools(ctx context.Context, db ledger.DBTX, olderThan time.Duration) ([]string, error) {
 	const q = `
 WITH RECURSIVE t AS (
 	(SELECT tool FROM idempotency_keys WHERE status = 'processing' ORDER BY tool LIMIT 1)
@@ -291,7 +292,7 @@ type DecideResult struct {
 	// Attempts after this decision.
 	Attempts int
 	// Current is the key as it stands after the decision (zero if gone).
-	Current Key
+	Current ledger.Key
 }
 
 // Decide writes one decision inside tx: the compare-and-set transition of
@@ -315,7 +316,7 @@ func Decide(ctx context.Context, tx pgx.Tx, d Decision) (DecideResult, error) {
 
 // decisionRow is what DecideMany reads about one key under its row lock.
 type decisionRow struct {
-	cur        Key
+	cur        ledger.Key
 	attempts   int
 	leaseOwner *string
 	held       bool
@@ -398,8 +399,8 @@ func queueDecision(batch *pgx.Batch, d pending, r decisionRow, res *DecideResult
 	*res = DecideResult{Current: cur, Attempts: attempts}
 	ours := d.operator || (r.leaseOwner != nil && *r.leaseOwner == d.Owner)
 	sameClaim := cur.Key != "" && cur.ClaimedAt.Equal(d.ClaimedAt)
-	statusOK := cur.Status == StatusProcessing ||
-		(d.allowFailedRetryable && d.Transition == StatusCompleted && cur.Status == StatusFailedRetryable)
+	statusOK := cur.Status == ledger.StatusProcessing ||
+		(d.allowFailedRetryable && d.Transition == ledger.StatusCompleted && cur.Status == ledger.StatusFailedRetryable)
 	switch {
 	case !sameClaim || !statusOK:
 		res.Action = ActionResolvedByOriginal
@@ -439,14 +440,14 @@ func queueDecision(batch *pgx.Batch, d pending, r decisionRow, res *DecideResult
 		}
 		switch d.Transition {
 		case "":
-		case StatusCompleted:
+		case ledger.StatusCompleted:
 			if err := validBody("response body", d.ResponseBody); err != nil {
 				return err
 			}
 			batch.Queue(`UPDATE idempotency_keys SET status = 'completed', response_code = $3, response_body = $4, updated_at = now()
 				WHERE key = $1 AND claimed_at = $2 AND status IN ('processing', 'failed_retryable')
 				RETURNING `+keyColumns, d.Key, d.ClaimedAt, d.ResponseCode, nullJSON(d.ResponseBody)).QueryRow(scan)
-		case StatusFailedRetryable:
+		case ledger.StatusFailedRetryable:
 			batch.Queue(`UPDATE idempotency_keys SET status = 'failed_retryable', updated_at = now()
 				WHERE key = $1 AND claimed_at = $2 AND status = 'processing'
 				RETURNING `+keyColumns, d.Key, d.ClaimedAt).QueryRow(scan)
@@ -489,7 +490,7 @@ func sameTime(a, b *time.Time) bool {
 	return a.Equal(*b)
 }
 
-func getForUpdate(ctx context.Context, db DBTX, key string) (Key, error) {
+func getForUpdate(ctx context.Context, db ledger.DBTX, key string) (ledger.Key, error) {
 	const q = `SELECT ` + keyColumns + ` FROM idempotency_keys WHERE key = $1 FOR NO KEY UPDATE`
 	k, err := scanKey(db.QueryRow(ctx, q, key))
 	return k, wrap("read key for update", err)
@@ -498,14 +499,14 @@ func getForUpdate(ctx context.Context, db DBTX, key string) (Key, error) {
 // ReleaseLease gives a lease back without a decision (a pass cancelled
 // mid-probe, a dry run): the key is due again at once. A crash is not a
 // failed attempt, so attempts are left alone.
-func ReleaseLease(ctx context.Context, db DBTX, key, owner string) error {
+func ReleaseLease(ctx context.Context, db ledger.DBTX, key, owner string) error {
 	_, err := db.Exec(ctx, `UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 		WHERE key = $1 AND lease_owner = $2`, key, owner)
 	return wrap("release lease", err)
 }
 
 // ReleaseLeases is ReleaseLease for several keys of one owner.
-func ReleaseLeases(ctx context.Context, db DBTX, keys []string, owner string) error {
+func ReleaseLeases(ctx context.Context, db ledger.DBTX, keys []string, owner string) error {
 	_, err := db.Exec(ctx, `UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 		WHERE key = ANY($1::text[]) AND lease_owner = $2`, keys, owner)
 	return wrap("release leases", err)
@@ -526,7 +527,7 @@ type State struct {
 }
 
 // GetState reads a key's bookkeeping (ErrNotFound if never reconciled).
-func GetState(ctx context.Context, db DBTX, key string) (State, error) {
+func GetState(ctx context.Context, db ledger.DBTX, key string) (State, error) {
 	var s State
 	err := db.QueryRow(ctx, `SELECT key, claimed_at, attempts, next_probe_at, lease_owner, lease_expires_at,
 		last_verdict, last_error, last_probe_at, first_not_found_at FROM reconcile_state WHERE key = $1`, key).
@@ -561,7 +562,7 @@ func auditArgs(e AuditEntry) []any {
 }
 
 // InsertAudit records a decision (invariant 6).
-func InsertAudit(ctx context.Context, db DBTX, e AuditEntry) error {
+func InsertAudit(ctx context.Context, db ledger.DBTX, e AuditEntry) error {
 	_, err := db.Exec(ctx, insertAudit, auditArgs(e)...)
 	return wrap("insert audit", err)
 }
@@ -572,7 +573,7 @@ func queueAudit(b *pgx.Batch, e AuditEntry) {
 
 // History returns a key's audit trail, oldest first (at most limit rows, the
 // newest ones).
-func History(ctx context.Context, db DBTX, key string, limit int) ([]AuditEntry, error) {
+func History(ctx context.Context, db ledger.DBTX, key string, limit int) ([]AuditEntry, error) {
 	rows, err := db.Query(ctx, `SELECT id, key, tool, attempt, verdict, action, evidence, coalesce(error, ''), actor, created_at
 		FROM (SELECT * FROM reconcile_audit WHERE key = $1 ORDER BY id DESC LIMIT $2) a ORDER BY id`, key, limit)
 	if err != nil {

@@ -1,4 +1,4 @@
-package ledger
+package store
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // SelfCheckSamples returns up to limit keys of tool that are ground truth
@@ -18,7 +19,7 @@ import (
 //
 // Cost: a backward scan of the (tool, created_at) index that stops after
 // limit matching rows, so a ledger of any size answers in a few reads.
-func SelfCheckSamples(ctx context.Context, db DBTX, tool string, maxAge time.Duration, limit int) ([]Key, error) {
+func SelfCheckSamples(ctx context.Context, db ledger.DBTX, tool string, maxAge time.Duration, limit int) ([]ledger.Key, error) {
 	const q = `SELECT ` + keyColumns + `
 FROM idempotency_keys k
 WHERE k.tool = $1
@@ -33,7 +34,7 @@ LIMIT $3`
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("draw self-check samples of tool %q", tool), err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) { return scanKey(r) })
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Key, error) { return scanKey(r) })
 	return out, wrap(fmt.Sprintf("draw self-check samples of tool %q", tool), err)
 }
 
@@ -73,13 +74,13 @@ func scanSelfCheck(row pgx.Row) (SelfCheckRecord, error) {
 }
 
 // GetSelfCheck reads a tool's latest self-check (ErrNotFound if none).
-func GetSelfCheck(ctx context.Context, db DBTX, tool string) (SelfCheckRecord, error) {
+func GetSelfCheck(ctx context.Context, db ledger.DBTX, tool string) (SelfCheckRecord, error) {
 	r, err := scanSelfCheck(db.QueryRow(ctx, `SELECT `+selfCheckColumns+` FROM probe_self_checks WHERE tool = $1`, tool))
 	return r, wrap(fmt.Sprintf("read self-check of tool %q", tool), err)
 }
 
 // SelfChecks lists every tool's latest self-check, in one statement.
-func SelfChecks(ctx context.Context, db DBTX) ([]SelfCheckRecord, error) {
+func SelfChecks(ctx context.Context, db ledger.DBTX) ([]SelfCheckRecord, error) {
 	rows, err := db.Query(ctx, `SELECT `+selfCheckColumns+` FROM probe_self_checks ORDER BY tool`)
 	if err != nil {
 		return nil, wrap("list self-checks", err)

@@ -1,4 +1,4 @@
-package ledger_test
+package store_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // processingKey inserts a processing key of a tool.
@@ -44,14 +45,14 @@ func TestPutHoldRefusesAHeldKey(t *testing.T) {
 	bg := context.Background()
 	db := pgtest.New(t)
 	processingKey(t, db, "k", "create_ticket")
-	if err := pgx.BeginFunc(bg, db.Pool, func(tx pgx.Tx) error { return ledger.PutHold(bg, tx, "k", "checking the ticket", "alice") }); err != nil {
+	if err := pgx.BeginFunc(bg, db.Pool, func(tx pgx.Tx) error { return store.PutHold(bg, tx, "k", "checking the ticket", "alice") }); err != nil {
 		t.Fatal(err)
 	}
 	before := readHold(t, db, "k")
 
-	err := pgx.BeginFunc(bg, db.Pool, func(tx pgx.Tx) error { return ledger.PutHold(bg, tx, "k", "something else", "bob") })
-	var held *ledger.HeldError
-	if !errors.As(err, &held) || !errors.Is(err, ledger.ErrHeld) {
+	err := pgx.BeginFunc(bg, db.Pool, func(tx pgx.Tx) error { return store.PutHold(bg, tx, "k", "something else", "bob") })
+	var held *store.HeldError
+	if !errors.As(err, &held) || !errors.Is(err, store.ErrHeld) {
 		t.Fatalf("second hold: %v, want a *HeldError matching ErrHeld", err)
 	}
 	if held.Hold.Actor != "alice" || held.Hold.Reason != "checking the ticket" || !held.Hold.CreatedAt.Equal(before.createdAt) || held.Hold.Tool != "create_ticket" {
@@ -73,16 +74,16 @@ func TestReplaceHold(t *testing.T) {
 	db := pgtest.New(t)
 	processingKey(t, db, "k", "create_ticket")
 	processingKey(t, db, "free", "create_ticket")
-	if err := pgx.BeginFunc(bg, db.Pool, func(tx pgx.Tx) error { return ledger.PutHold(bg, tx, "k", "checking the ticket", "alice") }); err != nil {
+	if err := pgx.BeginFunc(bg, db.Pool, func(tx pgx.Tx) error { return store.PutHold(bg, tx, "k", "checking the ticket", "alice") }); err != nil {
 		t.Fatal(err)
 	}
 	db.Exec(t, `UPDATE key_holds SET created_at = now() - interval '3 days' WHERE key = 'k'`)
 	old := readHold(t, db, "k")
 
-	var prev *ledger.Hold
+	var prev *store.Hold
 	err := pgx.BeginFunc(bg, db.Pool, func(tx pgx.Tx) error {
 		var err error
-		prev, err = ledger.ReplaceHold(bg, tx, "k", "vendor ticket #42", "bob")
+		prev, err = store.ReplaceHold(bg, tx, "k", "vendor ticket #42", "bob")
 		return err
 	})
 	if err != nil {
@@ -95,7 +96,7 @@ func TestReplaceHold(t *testing.T) {
 	if now.actor != "bob" || now.reason != "vendor ticket #42" || time.Since(now.createdAt) > time.Hour {
 		t.Fatalf("hold after replace = %+v, want bob's, since now", now)
 	}
-	hist, err := ledger.History(bg, db.Pool, "k", 10)
+	hist, err := store.History(bg, db.Pool, "k", 10)
 	if err != nil || len(hist) != 2 {
 		t.Fatalf("history = %+v, %v", hist, err)
 	}
@@ -116,7 +117,7 @@ func TestReplaceHold(t *testing.T) {
 	// No hold to replace: ReplaceHold holds, nil previous.
 	err = pgx.BeginFunc(bg, db.Pool, func(tx pgx.Tx) error {
 		var err error
-		prev, err = ledger.ReplaceHold(bg, tx, "free", "r", "carol")
+		prev, err = store.ReplaceHold(bg, tx, "free", "r", "carol")
 		return err
 	})
 	if err != nil || prev != nil {
@@ -125,11 +126,11 @@ func TestReplaceHold(t *testing.T) {
 	if h := readHold(t, db, "free"); h.actor != "carol" {
 		t.Fatalf("hold = %+v", h)
 	}
-	if hist, _ := ledger.History(bg, db.Pool, "free", 10); len(hist) != 1 || hist[0].Evidence != nil {
+	if hist, _ := store.History(bg, db.Pool, "free", 10); len(hist) != 1 || hist[0].Evidence != nil {
 		t.Fatalf("history of a first hold = %+v (no replaced evidence)", hist)
 	}
 	// A key not in the ledger is still refused.
-	err = pgx.BeginFunc(bg, db.Pool, func(tx pgx.Tx) error { _, err := ledger.ReplaceHold(bg, tx, "missing", "r", "carol"); return err })
+	err = pgx.BeginFunc(bg, db.Pool, func(tx pgx.Tx) error { _, err := store.ReplaceHold(bg, tx, "missing", "r", "carol"); return err })
 	if !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("replace of a missing key: %v", err)
 	}
@@ -141,7 +142,7 @@ func TestHoldStats(t *testing.T) {
 	t.Parallel()
 	bg := context.Background()
 	db := pgtest.New(t)
-	stats, err := ledger.HoldStats(bg, db.Pool)
+	stats, err := store.HoldStats(bg, db.Pool)
 	if err != nil || len(stats) != 0 {
 		t.Fatalf("no holds: %+v, %v", stats, err)
 	}
@@ -154,7 +155,7 @@ func TestHoldStats(t *testing.T) {
 		('t2', 'r', 'alice', now() - interval '2 hours'),
 		('c1', 'r', 'bob', now() - interval '10 minutes'),
 		('gone', 'r', 'bob', now() - interval '5 days')`)
-	stats, err = ledger.HoldStats(bg, db.Pool)
+	stats, err = store.HoldStats(bg, db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}

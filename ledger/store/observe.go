@@ -1,10 +1,11 @@
-package ledger
+package store
 
 import (
 	"context"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // ToolLatency is the observed processing time of a tool's keys.
@@ -20,7 +21,7 @@ type ToolLatency struct {
 // resolved by the reconciler or an operator are left out (their updated_at
 // is the repair's time, not the tool's). It scans recent rows: an operator
 // and low-frequency metric query, not a hot path.
-func ProcessingP99(ctx context.Context, db DBTX, since time.Duration) ([]ToolLatency, error) {
+func ProcessingP99(ctx context.Context, db ledger.DBTX, since time.Duration) ([]ToolLatency, error) {
 	rows, err := db.Query(ctx, `SELECT k.tool, count(*)::int,
 			percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM k.updated_at - k.claimed_at))::float8
 		FROM idempotency_keys k

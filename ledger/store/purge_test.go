@@ -1,4 +1,4 @@
-package ledger
+package store
 
 import (
 	"context"
@@ -10,9 +10,10 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
-// TestMain (pgtest.Main) is in ledger_test.go.
+// TestMain (pgtest.Main) is in store_test.go.
 
 var day = 24 * time.Hour
 
@@ -46,16 +47,16 @@ func TestPurgeBatchRechecksRowReclaimedMidStatement(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	putKey(t, db, "a", "t", StatusFailedRetryable, 3*day, -day)
-	putKey(t, db, "b", "t", StatusFailedRetryable, 3*day, -day)
+	putKey(t, db, "a", "t", ledger.StatusFailedRetryable, 3*day, -day)
+	putKey(t, db, "b", "t", ledger.StatusFailedRetryable, 3*day, -day)
 
 	retry, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer retry.Rollback(ctx)
-	res, err := Claim(ctx, retry, ClaimParams{Key: "a", Tool: "t", RequestHash: "h"})
-	if err != nil || res.Outcome != New {
+	res, err := ledger.Claim(ctx, retry, ledger.ClaimParams{Key: "a", Tool: "t", RequestHash: "h"})
+	if err != nil || res.Outcome != ledger.New {
 		t.Fatalf("re-claim: %v %v", res.Outcome, err)
 	}
 	done := make(chan PurgeBatchResult, 1)
@@ -85,8 +86,8 @@ func TestPurgeBatchHoldRace(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	putKey(t, db, "a", "t", StatusCompleted, 3*day, -day)
-	putKey(t, db, "b", "t", StatusCompleted, 3*day, -day)
+	putKey(t, db, "a", "t", ledger.StatusCompleted, 3*day, -day)
+	putKey(t, db, "b", "t", ledger.StatusCompleted, 3*day, -day)
 	db.Exec(t, `INSERT INTO reconcile_state (key, tool, claimed_at) VALUES ('a', 't', now()), ('b', 't', now())`)
 
 	op, err := db.Pool.Begin(ctx)
@@ -124,7 +125,7 @@ func TestHoldAfterPurgeFindsKeyGone(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	putKey(t, db, "a", "t", StatusCompleted, 3*day, -day)
+	putKey(t, db, "a", "t", ledger.StatusCompleted, 3*day, -day)
 	purge, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +142,7 @@ func TestHoldAfterPurgeFindsKeyGone(t *testing.T) {
 	if err := purge.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := testwait.Recv(t, held, testwait.Timeout); !errors.Is(err, ErrNotFound) {
+	if err := testwait.Recv(t, held, testwait.Timeout); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("hold of a purged key: %v; want ErrNotFound", err)
 	}
 	if db.Count(t, "key_holds") != 0 {
@@ -191,7 +192,7 @@ func TestPurgeBatchTimeout(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	putKey(t, db, "a", "t", StatusCompleted, 3*day, -day)
+	putKey(t, db, "a", "t", ledger.StatusCompleted, 3*day, -day)
 	conn, err := db.Pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)

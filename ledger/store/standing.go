@@ -1,8 +1,10 @@
-package ledger
+package store
 
 import (
 	"context"
 	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // Standing is why a processing key may not be due, judged by the
@@ -21,7 +23,7 @@ type Standing struct {
 
 // KeyStanding reads a key's Standing (ErrNotFound if it is not in the
 // ledger).
-func KeyStanding(ctx context.Context, db DBTX, key string, window, heartbeatTimeout time.Duration) (Standing, error) {
+func KeyStanding(ctx context.Context, db ledger.DBTX, key string, window, heartbeatTimeout time.Duration) (Standing, error) {
 	var s Standing
 	err := db.QueryRow(ctx, `SELECT k.claimed_at > now() - $2::interval,
 			coalesce(k.heartbeat_at > now() - $3::interval, false),

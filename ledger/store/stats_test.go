@@ -1,4 +1,4 @@
-package ledger_test
+package store_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // countingDB forwards to a real database and counts the statements sent.
@@ -83,7 +84,7 @@ func TestStuckStatsPerToolWindowsInConstantStatements(t *testing.T) {
 	}
 
 	cdb := &countingDB{db: db.Pool}
-	stats, err := ledger.StuckStats(context.Background(), cdb, windows)
+	stats, err := store.StuckStats(context.Background(), cdb, windows)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +108,7 @@ func TestStuckStatsPerToolWindowsInConstantStatements(t *testing.T) {
 	// No processing key at all: one statement, no tool.
 	empty := pgtest.New(t)
 	cdb = &countingDB{db: empty.Pool}
-	if stats, err := ledger.StuckStats(context.Background(), cdb, windows); err != nil || len(stats) != 0 || cdb.n.Load() != 1 {
+	if stats, err := store.StuckStats(context.Background(), cdb, windows); err != nil || len(stats) != 0 || cdb.n.Load() != 1 {
 		t.Fatalf("empty ledger: %+v, %v, %d statements", stats, err, cdb.n.Load())
 	}
 }
@@ -123,11 +124,11 @@ func TestStatuses(t *testing.T) {
 	claim(t, db.Pool, "c", "h")
 	db.Exec(t, `UPDATE idempotency_keys SET status = 'completed' WHERE key = 'c'`)
 	cdb := &countingDB{db: db.Pool}
-	got, err := ledger.Statuses(context.Background(), cdb, []string{"p", "c", "gone"})
+	got, err := store.Statuses(context.Background(), cdb, []string{"p", "c", "gone"})
 	if err != nil || len(got) != 2 || got["p"] != ledger.StatusProcessing || got["c"] != ledger.StatusCompleted || cdb.n.Load() != 1 {
 		t.Fatalf("Statuses = %v, %v (%d statements)", got, err, cdb.n.Load())
 	}
-	if got, err := ledger.Statuses(context.Background(), cdb, nil); err != nil || len(got) != 0 || cdb.n.Load() != 1 {
+	if got, err := store.Statuses(context.Background(), cdb, nil); err != nil || len(got) != 0 || cdb.n.Load() != 1 {
 		t.Fatalf("Statuses(nil) = %v, %v; want nothing, no statement", got, err)
 	}
 }

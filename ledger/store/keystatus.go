@@ -1,15 +1,16 @@
-package ledger
+package store
 
 import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // Statuses returns the status of each of keys still in the ledger, in one
 // statement whatever their number (a key absent from the map is not in the
 // ledger). The reconciler's alert sweep asks it for a page of alerted keys.
-func Statuses(ctx context.Context, db DBTX, keys []string) (map[string]string, error) {
+func Statuses(ctx context.Context, db ledger.DBTX, keys []string) (map[string]string, error) {
 	out := make(map[string]string, len(keys))
 	if len(keys) == 0 {
 		return out, nil
