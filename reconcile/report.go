@@ -36,10 +36,10 @@ type ToolReport struct {
 
 // Report is the outcome of one pass.
 type Report struct {
-	Actor     string         `json:"actor"`
-	DryRun    bool           `json:"dry_run"`
-	StartedAt time.Time      `json:"started_at"`
-	Duration  time.Duration  `json:"duration_ns"`
+	Actor     string        `json:"actor"`
+	DryRun    bool          `json:"dry_run"`
+	StartedAt time.Time     `json:"started_at"`
+	Duration  time.Duration `json:"duration_ns"`
 	// Actions counts every decision of the pass by action.
 	Actions map[string]int `json:"actions"`
 	Tools   []ToolReport   `json:"tools"`

@@ -83,8 +83,9 @@ finished are still written.`,
 				Jobs: []daemon.Job{
 					{Name: "reconcile", Spec: a.cfg.Schedule.Reconcile, Run: func(ctx context.Context) error {
 						rep, err := eng.Run(ctx, reconcile.Options{})
-						if len(rep.Keys) > 0 {
-							logger.Info("reconcile pass", "keys", len(rep.Keys), "actions", rep.Actions, "alerts_raised", rep.AlertsRaised, "duration", rep.Duration)
+						if rep.Decided > 0 || rep.OutOfTime {
+							logger.Info("reconcile pass", "keys", rep.Decided, "actions", rep.Actions, "alerts_raised", rep.AlertsRaised,
+								"duration", rep.Duration, "out_of_time", rep.OutOfTime)
 						}
 						return err
 					}},
