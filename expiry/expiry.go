@@ -11,12 +11,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/fielderr"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
 // Defaults for Config's zero values. The pacing defaults come from the
-// measurement in BENCHMARKS.md; internal/config's DefaultRetention* constants
-// carry the same values (a test keeps them equal).
+// measurement in BENCHMARKS.md. They are the only copy: `config check`
+// prints them through internal/daemon.
 const (
 	DefaultMinAge           = 24 * time.Hour
 	DefaultBatchSize        = 1000
@@ -117,8 +118,25 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// mustValidate panics on values only a programming error produces: the
-// configuration loader refuses them from operators first.
+// Validate refuses settings a purge cannot run with. Zero means the default,
+// so only what is left after the defaults is judged. Every refusal is a
+// *fielderr.Error naming the configuration key (retention.*); all of them
+// are returned, joined. Alerts is not judged here: it is wiring, not a
+// setting.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs fielderr.List
+	if c.BatchSize < 0 {
+		errs.Add("retention.batch_size", "must be positive, got %d", c.BatchSize)
+	}
+	if c.DutyCycle <= 0 || c.DutyCycle > 1 {
+		errs.Add("retention.duty_cycle", "must be in (0, 1], got %v", c.DutyCycle)
+	}
+	return errs.Err()
+}
+
+// mustValidate panics on values only a programming error produces:
+// internal/daemon refuses them from operators first (Validate).
 func (c Config) mustValidate() {
 	switch {
 	case c.BatchSize < 0:

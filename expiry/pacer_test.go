@@ -3,8 +3,6 @@ package expiry
 import (
 	"testing"
 	"time"
-
-	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 )
 
 func TestPacer(t *testing.T) {
@@ -79,28 +77,4 @@ func TestPacer(t *testing.T) {
 			t.Fatalf("pause = %v", got)
 		}
 	})
-}
-
-// The configuration's defaults and the package's are one measurement
-// (BENCHMARKS.md): they must not drift apart.
-func TestDefaultsMatchConfig(t *testing.T) {
-	t.Parallel()
-	pairs := []struct {
-		name      string
-		ours, cfg any
-	}{
-		{"min_age", DefaultMinAge, config.DefaultRetentionMinAge},
-		{"batch_size", DefaultBatchSize, config.DefaultRetentionBatchSize},
-		{"batch_pause", DefaultBatchPause, config.DefaultRetentionBatchPause},
-		{"max_duration", DefaultMaxDuration, config.DefaultRetentionMaxDuration},
-		{"duty_cycle", DefaultDutyCycle, config.DefaultRetentionDutyCycle},
-		{"batch_target", DefaultBatchTarget, config.DefaultRetentionBatchTarget},
-		{"audit_max_age", DefaultAuditMaxAge, config.DefaultAuditMaxAge},
-		{"renotify_after", DefaultRenotifyAfter, config.DefaultRenotifyAfter},
-	}
-	for _, p := range pairs {
-		if p.ours != p.cfg {
-			t.Errorf("%s: expiry default %v, config default %v", p.name, p.ours, p.cfg)
-		}
-	}
 }

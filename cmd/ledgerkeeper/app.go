@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
@@ -65,6 +66,11 @@ func (a *app) load() error {
 		cfg, err = config.Default(os.LookupEnv)
 	} else {
 		cfg, err = config.Load(path, os.LookupEnv)
+	}
+	if err == nil {
+		// Defaults and validation are the services' (internal/config
+		// only decodes).
+		err = daemon.Settle(cfg)
 	}
 	if err != nil {
 		return &configError{err}

@@ -137,6 +137,9 @@ func runDemo(ctx context.Context, a *app) error {
 		}
 		return os.LookupEnv(k)
 	})
+	if err == nil {
+		err = daemon.Settle(cfg)
+	}
 	if err != nil {
 		return fmt.Errorf("demo configuration: %w", err)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 )
 
@@ -52,7 +51,7 @@ outbox for 'serve' to deliver.`,
 				return err
 			}
 			defer pool.Close()
-			p := expiry.New(purgeConfig(a.cfg, "operator:"+actor("")), pool, a.logger.With("component", "purge"), nil)
+			p := expiry.New(daemon.PurgeConfig(a.cfg, "operator:"+actor("")), pool, a.logger.With("component", "purge"), nil)
 			if dryRun {
 				rep, err := p.DryRun(ctx)
 				if err != nil {
@@ -92,33 +91,6 @@ outbox for 'serve' to deliver.`,
 	f.BoolVar(&asJSON, "json", false, "print one JSON document")
 	f.BoolVar(&noAlerts, "no-alerts", false, "leave raised alerts in the outbox for 'serve' to deliver")
 	return cmd
-}
-
-// purgeConfig maps the retention section of the configuration onto the
-// purger's Config. The daemon builds its purger with it too.
-func purgeConfig(cfg *config.Config, actor string) expiry.Config {
-	r := cfg.Retention
-	c := expiry.Config{
-		Alerts:        daemon.PurgeAlerts{},
-		MinAge:        r.MinAge.D(),
-		BatchSize:     r.BatchSize,
-		BatchPause:    r.BatchPause.D(),
-		MaxDuration:   r.MaxDuration.D(),
-		DutyCycle:     r.DutyCycle,
-		BatchTarget:   r.BatchTarget.D(),
-		AuditMaxAge:   r.AuditMaxAge.D(),
-		RenotifyAfter: cfg.Alerts.RenotifyAfter.D(),
-		Actor:         actor,
-	}
-	for tool, t := range r.Tools {
-		if t.MinAge > 0 {
-			if c.ToolMinAge == nil {
-				c.ToolMinAge = map[string]time.Duration{}
-			}
-			c.ToolMinAge[tool] = t.MinAge.D()
-		}
-	}
-	return c
 }
 
 func printPurge(w io.Writer, rep expiry.Report) {

@@ -62,7 +62,7 @@ finished are still written.`,
 				return &configError{err}
 			}
 			defer closer.Close()
-			purger := expiry.New(purgeConfig(a.cfg, replica), pool, logger.With("component", "purge"), expiry.NewMetrics(reg))
+			purger := expiry.New(daemon.PurgeConfig(a.cfg, replica), pool, logger.With("component", "purge"), expiry.NewMetrics(reg))
 			dispatcher, err := newDispatcherWithMetrics(a, pool, alerts.NewMetrics(reg))
 			if err != nil {
 				return err

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
@@ -100,11 +99,11 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	logf := logger(stderr)
 	lkCfg := expiry.Config{
 		Alerts:      daemon.PurgeAlerts{},
-		MinAge:      config.DefaultRetentionMinAge,
-		BatchSize:   cmpOr(*batchSize, config.DefaultRetentionBatchSize),
-		BatchPause:  cmpOr(*pause, config.DefaultRetentionBatchPause),
-		DutyCycle:   cmpOr(*duty, config.DefaultRetentionDutyCycle),
-		BatchTarget: cmpOr(*target, config.DefaultRetentionBatchTarget),
+		MinAge:      expiry.DefaultMinAge,
+		BatchSize:   cmpOr(*batchSize, expiry.DefaultBatchSize),
+		BatchPause:  cmpOr(*pause, expiry.DefaultBatchPause),
+		DutyCycle:   cmpOr(*duty, expiry.DefaultDutyCycle),
+		BatchTarget: cmpOr(*target, expiry.DefaultBatchTarget),
 		MaxDuration: time.Hour, // the benchmark measures a whole purge
 		Actor:       "lkbench",
 	}

@@ -1,22 +1,22 @@
-// Package config loads and validates ledgerkeeper's YAML configuration.
+// Package config decodes and locates ledgerkeeper's YAML configuration.
 //
-// Loading is strict: an unknown key, a value of the wrong type, a bad
-// duration or cron spec, an unknown probe type or a missing required field is
-// an error that names the file, the line and the key path. `${VAR}` in a
-// scalar expands from the environment (`$$` is a literal `$`); secrets may
-// come from `*_file` twins instead. Secret values are of type Secret, which
-// never prints its contents. Every value a ${VAR} expanded to in a text
-// setting, every value read from a `*_file` twin and every Secret setting
-// is registered in the configuration's Redactor, which every output goes
-// through.
+// Decoding is strict: an unknown key, a value of the wrong type, a bad
+// duration or cron spec is an error that names the file, the line and the
+// key path. `${VAR}` in a scalar expands from the environment (`$$` is a
+// literal `$`); secrets may come from `*_file` twins instead. Secret values
+// are of type Secret, which never prints its contents. Every value a ${VAR}
+// expanded to in a text setting, every value read from a `*_file` twin and
+// every Secret setting is registered in the configuration's Redactor, which
+// every output goes through.
+//
+// It does not know the services: a zero setting means the service's
+// default, and each service validates its own settings. internal/daemon
+// fills the defaults from the services, runs their validation and maps
+// their errors back to `file:line: key` with ErrorAt (daemon.Settle).
 package config
 
 import (
-	"cmp"
 	"fmt"
-	"maps"
-	"net/url"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -24,39 +24,6 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
-	"github.com/ledgerkeeper/ledgerkeeper/probes"
-	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
-)
-
-// Defaults, documented in README's configuration reference. The engine's
-// own defaults are the source for its keys, so the two cannot drift.
-const (
-	DefaultReconcileSchedule    = "@every 30s"
-	DefaultPurgeSchedule        = "@every 1h"
-	DefaultAlertsSchedule       = "@every 15s"
-	DefaultGrace                = reconcile.DefaultGrace
-	DefaultBatchSize            = reconcile.DefaultBatchSize
-	DefaultConcurrency          = reconcile.DefaultConcurrency
-	DefaultLease                = reconcile.DefaultLease
-	DefaultAlertAfterAttempts   = reconcile.DefaultAlertAfterAttempts
-	DefaultAlertAfterAge        = reconcile.DefaultAlertAfterAge
-	DefaultBackoffBase          = reconcile.DefaultBackoffBase
-	DefaultBackoffMax           = reconcile.DefaultBackoffMax
-	DefaultBreakerFailures      = reconcile.DefaultBreakerFailures
-	DefaultBreakerCooldown      = reconcile.DefaultBreakerCooldown
-	DefaultBreakerMaxCooldown   = reconcile.DefaultBreakerMaxCooldown
-	DefaultProcessingWindow     = reconcile.DefaultProcessingWindow
-	DefaultProbeTimeout         = 5 * time.Second
-	DefaultRetentionMinAge      = 24 * time.Hour
-	DefaultRetentionBatchSize   = 1000
-	DefaultRetentionBatchPause  = 50 * time.Millisecond
-	DefaultRetentionMaxDuration = 10 * time.Minute
-	DefaultRetentionDutyCycle   = 0.20
-	DefaultRetentionBatchTarget = 15 * time.Millisecond
-	DefaultAuditMaxAge          = 30 * 24 * time.Hour
-	DefaultRenotifyAfter        = reconcile.DefaultRenotifyAfter
-	DefaultMaxKeysPerMessage    = 20
-	DefaultHTTPListen           = ":9464"
 )
 
 // Config is the whole configuration file.
@@ -274,73 +241,6 @@ type Log struct {
 	Format string `yaml:"format" json:"format"`
 }
 
-// ApplyDefaults fills every zero value with its documented default.
-func (c *Config) ApplyDefaults() {
-	c.Schedule.Reconcile = cmp.Or(c.Schedule.Reconcile, DefaultReconcileSchedule)
-	c.Schedule.Purge = cmp.Or(c.Schedule.Purge, DefaultPurgeSchedule)
-	c.Schedule.Alerts = cmp.Or(c.Schedule.Alerts, DefaultAlertsSchedule)
-
-	r := &c.Reconcile
-	r.Grace = orDur(r.Grace, DefaultGrace)
-	r.BatchSize = cmp.Or(r.BatchSize, DefaultBatchSize)
-	r.Concurrency = cmp.Or(r.Concurrency, DefaultConcurrency)
-	r.Lease = orDur(r.Lease, DefaultLease)
-	r.AlertAfterAttempts = cmp.Or(r.AlertAfterAttempts, DefaultAlertAfterAttempts)
-	r.AlertAfterAge = orDur(r.AlertAfterAge, DefaultAlertAfterAge)
-	r.BackoffBase = orDur(r.BackoffBase, DefaultBackoffBase)
-	r.BackoffMax = orDur(r.BackoffMax, DefaultBackoffMax)
-	r.Breaker.Failures = cmp.Or(r.Breaker.Failures, DefaultBreakerFailures)
-	r.Breaker.Cooldown = orDur(r.Breaker.Cooldown, DefaultBreakerCooldown)
-	r.Breaker.MaxCooldown = orDur(r.Breaker.MaxCooldown, DefaultBreakerMaxCooldown)
-	r.MaxDuration = orDur(r.MaxDuration, reconcile.DefaultMaxDuration)
-
-	c.SelfCheck.Interval = orDur(c.SelfCheck.Interval, reconcile.DefaultSelfCheckInterval)
-	c.SelfCheck.Samples = cmp.Or(c.SelfCheck.Samples, reconcile.DefaultSelfCheckSamples)
-	c.SelfCheck.MaxAge = orDur(c.SelfCheck.MaxAge, reconcile.DefaultSelfCheckMaxAge)
-
-	c.Defaults.ProcessingWindow = orDur(c.Defaults.ProcessingWindow, DefaultProcessingWindow)
-	c.Defaults.HeartbeatTimeout = orDur(c.Defaults.HeartbeatTimeout, c.Defaults.ProcessingWindow)
-	for name, t := range c.Tools {
-		t.ProcessingWindow = orDur(t.ProcessingWindow, c.Defaults.ProcessingWindow)
-		t.HeartbeatTimeout = orDur(t.HeartbeatTimeout, t.ProcessingWindow)
-		t.Concurrency = cmp.Or(t.Concurrency, r.Concurrency)
-		if t.Probe != nil {
-			t.Probe.Timeout = orDur(t.Probe.Timeout, DefaultProbeTimeout)
-			if t.Probe.Type == "http" {
-				t.Probe.Method = cmp.Or(strings.ToUpper(t.Probe.Method), "GET")
-			}
-		}
-		c.Tools[name] = t
-	}
-
-	p := &c.Retention
-	p.MinAge = orDur(p.MinAge, DefaultRetentionMinAge)
-	p.BatchSize = cmp.Or(p.BatchSize, DefaultRetentionBatchSize)
-	p.BatchPause = orDur(p.BatchPause, DefaultRetentionBatchPause)
-	p.MaxDuration = orDur(p.MaxDuration, DefaultRetentionMaxDuration)
-	p.DutyCycle = cmp.Or(p.DutyCycle, DefaultRetentionDutyCycle)
-	p.BatchTarget = orDur(p.BatchTarget, DefaultRetentionBatchTarget)
-	p.AuditMaxAge = orDur(p.AuditMaxAge, DefaultAuditMaxAge)
-
-	c.Alerts.RenotifyAfter = orDur(c.Alerts.RenotifyAfter, DefaultRenotifyAfter)
-	c.Alerts.MaxKeysPerMessage = cmp.Or(c.Alerts.MaxKeysPerMessage, DefaultMaxKeysPerMessage)
-	c.Alerts.Slack.Timeout = orDur(c.Alerts.Slack.Timeout, 10*time.Second)
-
-	c.HTTP.Listen = cmp.Or(c.HTTP.Listen, DefaultHTTPListen)
-	c.Log.Level = cmp.Or(c.Log.Level, "info")
-	c.Log.Format = cmp.Or(c.Log.Format, "text")
-	if c.Database.MaxConns == 0 {
-		c.Database.MaxConns = r.Concurrency + 4
-	}
-}
-
-func orDur[T ~int64](d Duration, def T) Duration {
-	if d == 0 {
-		return Duration(def)
-	}
-	return d
-}
-
 // ToolPolicy is the effective policy for one tool name, configured or not.
 type ToolPolicy struct {
 	Name                  string
@@ -354,7 +254,8 @@ type ToolPolicy struct {
 }
 
 // Policy returns the effective policy for tool: its own settings, or the
-// defaults (and no probe) for a tool absent from `tools`.
+// defaults (and no probe) for a tool absent from `tools`. Its durations are
+// the effective ones once daemon.Settle has filled the defaults.
 func (c *Config) Policy(tool string) ToolPolicy {
 	p := ToolPolicy{
 		Name:             tool,
@@ -442,203 +343,38 @@ func (c *Config) lineOf(path string) int {
 	return 0
 }
 
-// Validate checks the semantics that types alone do not. It expects
-// ApplyDefaults to have run.
-func (c *Config) Validate() error {
+// checkSchedules refuses a schedule that robfig/cron cannot parse: a cron
+// spec is a type of its own, checked at decoding. An empty one means the
+// daemon's default.
+func (c *Config) checkSchedules() error {
 	var errs Errors
-	add := func(e *Error) { errs = append(errs, e) }
 	parser := cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
-	for path, spec := range map[string]string{
-		"schedule.reconcile": c.Schedule.Reconcile,
-		"schedule.purge":     c.Schedule.Purge,
-		"schedule.alerts":    c.Schedule.Alerts,
+	for _, s := range []struct{ path, spec string }{
+		{"schedule.reconcile", c.Schedule.Reconcile},
+		{"schedule.purge", c.Schedule.Purge},
+		{"schedule.alerts", c.Schedule.Alerts},
 	} {
-		if _, err := parser.Parse(spec); err != nil {
-			add(c.errAt(path, "bad cron spec %q: %v", spec, err))
+		if s.spec == "" {
+			continue
 		}
-	}
-	positive := func(path string, v int) {
-		if v < 0 {
-			add(c.errAt(path, "must be positive, got %d", v))
-		}
-	}
-	positive("reconcile.batch_size", c.Reconcile.BatchSize)
-	positive("reconcile.concurrency", c.Reconcile.Concurrency)
-	positive("reconcile.alert_after_attempts", c.Reconcile.AlertAfterAttempts)
-	positive("reconcile.breaker.failures", c.Reconcile.Breaker.Failures)
-	positive("self_check.samples", c.SelfCheck.Samples)
-	if c.SelfCheck.Samples > 20 {
-		add(c.errAt("self_check.samples", "at most 20, got %d: a few keys tell a broken probe from a good one", c.SelfCheck.Samples))
-	}
-	positive("retention.batch_size", c.Retention.BatchSize)
-	positive("alerts.max_keys_per_message", c.Alerts.MaxKeysPerMessage)
-	positive("database.max_conns", c.Database.MaxConns)
-	if c.Reconcile.BatchSize > 10000 {
-		add(c.errAt("reconcile.batch_size", "at most 10000, got %d", c.Reconcile.BatchSize))
-	}
-	if c.Retention.DutyCycle <= 0 || c.Retention.DutyCycle > 1 {
-		add(c.errAt("retention.duty_cycle", "must be in (0, 1], got %v", c.Retention.DutyCycle))
-	}
-	if c.Reconcile.Breaker.MaxCooldown < c.Reconcile.Breaker.Cooldown {
-		add(c.errAt("reconcile.breaker.max_cooldown", "must not be shorter than reconcile.breaker.cooldown (%s)", c.Reconcile.Breaker.Cooldown))
-	}
-	if c.Reconcile.BackoffMax < c.Reconcile.BackoffBase {
-		add(c.errAt("reconcile.backoff_max", "must not be shorter than reconcile.backoff_base (%s)", c.Reconcile.BackoffBase))
-	}
-	switch c.Log.Level {
-	case "debug", "info", "warn", "error":
-	default:
-		add(c.errAt("log.level", "must be debug, info, warn or error, got %q", c.Log.Level))
-	}
-	switch c.Log.Format {
-	case "text", "json":
-	default:
-		add(c.errAt("log.format", "must be text or json, got %q", c.Log.Format))
-	}
-	if u := c.Alerts.Slack.APIURL; u != "" {
-		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-			add(c.errAt("alerts.slack.api_url", "must be an http(s) URL"))
-		} else if !strings.HasSuffix(u, "/") {
-			add(c.errAt("alerts.slack.api_url", "must end in \"/\" (slack-go appends the method name)"))
-		}
-	}
-	if c.Alerts.Slack.Token != "" && c.Alerts.Slack.Channel == "" {
-		add(c.errAt("alerts.slack.channel", "required with alerts.slack.token"))
-	}
-	if w := c.Alerts.Slack.WebhookURL; w != "" {
-		if pu, err := url.Parse(w.Reveal()); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-			add(c.errAt("alerts.slack.webhook_url", "must be an http(s) URL"))
-		}
-	}
-
-	for _, name := range c.ToolNames() {
-		t := c.Tools[name]
-		base := "tools." + name
-		if len(name) > 64 {
-			add(c.errAt(base, "tool name longer than 64 characters"))
-		}
-		if t.Concurrency < 0 {
-			add(c.errAt(base+".concurrency", "must be positive, got %d", t.Concurrency))
-		}
-		floor := c.Retention.MinAge
-		floorPath := "retention.min_age"
-		if r, ok := c.Retention.Tools[name]; ok && r.MinAge > 0 {
-			floor, floorPath = r.MinAge, "retention.tools."+name+".min_age"
-		}
-		if floor < t.ProcessingWindow+c.Reconcile.Grace {
-			add(c.errAt(floorPath, "retention floor %s is shorter than tool %s's processing window plus grace (%s): a key could be purged while its outcome is unknown", floor, name, t.ProcessingWindow+c.Reconcile.Grace))
-		}
-		if t.Probe != nil {
-			for _, e := range c.validateProbe(base+".probe", t.Probe) {
-				add(e)
-			}
-			// A probe must finish, and its decision be written, well
-			// inside the lease, or another replica may take the key.
-			if t.Probe.Timeout+Duration(2*time.Second) >= c.Reconcile.Lease/2 {
-				add(c.errAt(base+".probe.timeout", "probe timeout %s must be well under half of reconcile.lease (%s): raise the lease or shorten the timeout", t.Probe.Timeout, c.Reconcile.Lease))
-			}
-		}
-	}
-	for name, r := range c.Retention.Tools {
-		if _, ok := c.Tools[name]; !ok && r.MinAge < c.Defaults.ProcessingWindow+c.Reconcile.Grace {
-			add(c.errAt("retention.tools."+name+".min_age", "retention floor %s is shorter than the default processing window plus grace (%s)", r.MinAge, c.Defaults.ProcessingWindow+c.Reconcile.Grace))
+		if _, err := parser.Parse(s.spec); err != nil {
+			errs = append(errs, c.errAt(s.path, "bad cron spec %q: %v", s.spec, err))
 		}
 	}
 	if len(errs) == 0 {
 		return nil
 	}
-	sort.SliceStable(errs, func(i, j int) bool { return errs[i].Line < errs[j].Line })
 	return errs
 }
 
-func (c *Config) validateProbe(base string, p *Probe) []*Error {
-	var errs []*Error
-	add := func(path, format string, args ...any) { errs = append(errs, c.errAt(path, format, args...)) }
-	if p.Timeout < 0 {
-		add(base+".timeout", "must be positive")
-	}
-	switch p.Type {
-	case "http":
-		if p.URL == "" {
-			add(base+".url", "required for an http probe")
-		} else if err := checkURLTemplate(p.URL); err != nil {
-			add(base+".url", "%v", err)
-		}
-		switch p.Method {
-		case "GET", "POST", "HEAD":
-		default:
-			add(base+".method", "must be GET, POST or HEAD, got %q", p.Method)
-		}
-		if p.Query != "" || p.DatabaseURL != "" || len(p.Args) > 0 {
-			add(base, "query, database_url and args belong to sql probes")
-		}
-	case "sql":
-		if p.DatabaseURL == "" {
-			add(base+".database_url", "required for a sql probe (or database_url_file)")
-		}
-		if strings.TrimSpace(p.Query) == "" {
-			add(base+".query", "required for a sql probe")
-		} else if err := probes.CheckQuery(p.Query); err != nil {
-			add(base+".query", "%v", err)
-		}
-		if p.DatabaseURL != "" {
-			if err := probes.CheckExecMode(p.DatabaseURL.Reveal()); err != nil {
-				add(base+".database_url", "%v", err)
-			}
-		}
-		for i, a := range p.Args {
-			if a != "key" && a != "tool" && !strings.HasPrefix(a, "request.") {
-				add(fmt.Sprintf("%s.args[%d]", base, i), "must be key, tool or request.PATH, got %q", a)
-			}
-		}
-		if p.URL != "" || p.Match != "" || len(p.Headers) > 0 {
-			add(base, "url, match and headers belong to http probes")
-		}
-	case "go":
-	case "":
-		add(base+".type", "required: http, sql or go")
-	default:
-		add(base+".type", "unknown probe type %q (want http, sql or go)", p.Type)
-	}
-	// JSONPath and JSON Pointer spellings would name members no answer
-	// has; refused here so the error has the key's own line.
-	if err := probes.CheckPathSpelling(p.Match); err != nil {
-		add(base+".match", "%v", err)
-	}
-	for _, field := range slices.Sorted(maps.Keys(p.ResponseBody)) {
-		if err := probes.CheckPathSpelling(p.ResponseBody[field]); err != nil {
-			add(base+".response_body."+field, "%v", err)
-		}
-	}
-	if p.ResponseCode != 0 && (p.ResponseCode < 100 || p.ResponseCode > 599) {
-		add(base+".response_code", "must be an HTTP status code, got %d", p.ResponseCode)
-	}
-	return errs
-}
-
-// checkURLTemplate accepts http(s) URLs whose scheme and host are literal:
-// placeholders may stand only in the path and query.
-func checkURLTemplate(tmpl string) error {
-	scheme, rest, ok := strings.Cut(tmpl, "://")
-	if !ok || (scheme != "http" && scheme != "https") {
-		return fmt.Errorf("must start with http:// or https://")
-	}
-	hostEnd := strings.IndexAny(rest, "/?#")
-	host := rest
-	if hostEnd >= 0 {
-		host = rest[:hostEnd]
-	}
-	if host == "" {
-		return fmt.Errorf("has no host")
-	}
-	if strings.ContainsAny(host, "{}@") {
-		return fmt.Errorf("host %q must be literal (no placeholders, no credentials)", host)
-	}
-	return nil
+// SortByLine orders errors by their line in the file, for reading.
+func (es Errors) SortByLine() {
+	sort.SliceStable(es, func(i, j int) bool { return es[i].Line < es[j].Line })
 }
 
 // ErrorAt builds an error at a key path of this configuration, with the
-// key's line, for problems found after loading (building probes).
+// key's line, for problems found after decoding: the services' validation
+// (internal/daemon maps their field errors here) and building probes.
 func (c *Config) ErrorAt(path, format string, args ...any) *Error {
 	return c.errAt(path, format, args...)
 }

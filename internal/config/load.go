@@ -82,7 +82,8 @@ func Default(env LookupEnv) (*Config, error) {
 	return c, nil
 }
 
-// Load reads, expands, decodes, defaults and validates a file.
+// Load reads, expands and decodes a file. Defaults and the services'
+// validation are daemon.Settle's.
 func Load(path string, env LookupEnv) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -115,7 +116,7 @@ func Parse(file string, data []byte, env LookupEnv) (*Config, error) {
 	return c, nil
 }
 
-// finish applies env overrides, reads *_file secrets, defaults, validates.
+// finish applies env overrides, reads *_file secrets and registers them.
 func (c *Config) finish(env LookupEnv) error {
 	if env == nil {
 		env = os.LookupEnv
@@ -163,8 +164,7 @@ func (c *Config) finish(env LookupEnv) error {
 		return errs
 	}
 	c.registerSecrets()
-	c.ApplyDefaults()
-	return c.Validate()
+	return c.checkSchedules()
 }
 
 // registerSecrets registers every Secret-typed setting, literal or not: a

@@ -113,7 +113,7 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 		case pol.Probe != nil:
 			timeout = pol.Probe.Timeout.D()
 		case built[name] != nil: // a Go probe registered without a probe block
-			timeout = config.DefaultProbeTimeout
+			timeout = probes.DefaultTimeout
 		}
 		tools[name] = reconcile.Policy{
 			ProbeFingerprint:      probeFingerprint(pol.Probe),

@@ -1,0 +1,314 @@
+package daemon
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/expiry"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/fielderr"
+	"github.com/ledgerkeeper/ledgerkeeper/probes"
+	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+)
+
+// Defaults of the daemon's own settings: serve's schedules, its listener
+// and its logs. Every other default is declared once, by its service
+// (reconcile.Default*, expiry.Default*, alerts.Default*,
+// probes.DefaultTimeout); Settle copies them into the configuration so that
+// `config check` prints the effective settings.
+const (
+	DefaultReconcileSchedule = "@every 30s"
+	DefaultPurgeSchedule     = "@every 1h"
+	DefaultAlertsSchedule    = "@every 15s"
+	DefaultHTTPListen        = ":9464"
+	DefaultLogLevel          = "info"
+	DefaultLogFormat         = "text"
+)
+
+// Settle makes a decoded configuration ready to run: it fills every zero
+// setting with its service's default, then validates it: each service's
+// own Validate (their field errors mapped back to `file:line: key`), the
+// checks that involve two services (a probe's timeout against the lease, a
+// retention floor against a tool's processing window) and the daemon's own
+// settings. Every problem is reported, as config.Errors sorted by line.
+// Nothing connects.
+func Settle(cfg *config.Config) error {
+	applyDefaults(cfg)
+	return validate(cfg)
+}
+
+func applyDefaults(c *config.Config) {
+	c.Schedule.Reconcile = cmp.Or(c.Schedule.Reconcile, DefaultReconcileSchedule)
+	c.Schedule.Purge = cmp.Or(c.Schedule.Purge, DefaultPurgeSchedule)
+	c.Schedule.Alerts = cmp.Or(c.Schedule.Alerts, DefaultAlertsSchedule)
+
+	r := &c.Reconcile
+	r.Grace = orDur(r.Grace, reconcile.DefaultGrace)
+	r.BatchSize = cmp.Or(r.BatchSize, reconcile.DefaultBatchSize)
+	r.Concurrency = cmp.Or(r.Concurrency, reconcile.DefaultConcurrency)
+	r.Lease = orDur(r.Lease, reconcile.DefaultLease)
+	r.AlertAfterAttempts = cmp.Or(r.AlertAfterAttempts, reconcile.DefaultAlertAfterAttempts)
+	r.AlertAfterAge = orDur(r.AlertAfterAge, reconcile.DefaultAlertAfterAge)
+	r.BackoffBase = orDur(r.BackoffBase, reconcile.DefaultBackoffBase)
+	r.BackoffMax = orDur(r.BackoffMax, reconcile.DefaultBackoffMax)
+	r.Breaker.Failures = cmp.Or(r.Breaker.Failures, reconcile.DefaultBreakerFailures)
+	r.Breaker.Cooldown = orDur(r.Breaker.Cooldown, reconcile.DefaultBreakerCooldown)
+	r.Breaker.MaxCooldown = orDur(r.Breaker.MaxCooldown, reconcile.DefaultBreakerMaxCooldown)
+	r.MaxDuration = orDur(r.MaxDuration, reconcile.DefaultMaxDuration)
+
+	c.SelfCheck.Interval = orDur(c.SelfCheck.Interval, reconcile.DefaultSelfCheckInterval)
+	c.SelfCheck.Samples = cmp.Or(c.SelfCheck.Samples, reconcile.DefaultSelfCheckSamples)
+	c.SelfCheck.MaxAge = orDur(c.SelfCheck.MaxAge, reconcile.DefaultSelfCheckMaxAge)
+
+	c.Defaults.ProcessingWindow = orDur(c.Defaults.ProcessingWindow, reconcile.DefaultProcessingWindow)
+	c.Defaults.HeartbeatTimeout = orDur(c.Defaults.HeartbeatTimeout, c.Defaults.ProcessingWindow.D())
+	for name, t := range c.Tools {
+		t.ProcessingWindow = orDur(t.ProcessingWindow, c.Defaults.ProcessingWindow.D())
+		t.HeartbeatTimeout = orDur(t.HeartbeatTimeout, t.ProcessingWindow.D())
+		t.Concurrency = cmp.Or(t.Concurrency, r.Concurrency)
+		if t.Probe != nil {
+			t.Probe.Timeout = orDur(t.Probe.Timeout, probes.DefaultTimeout)
+			if t.Probe.Type == "http" {
+				t.Probe.Method = cmp.Or(strings.ToUpper(t.Probe.Method), "GET")
+			}
+		}
+		c.Tools[name] = t
+	}
+
+	p := &c.Retention
+	p.MinAge = orDur(p.MinAge, expiry.DefaultMinAge)
+	p.BatchSize = cmp.Or(p.BatchSize, expiry.DefaultBatchSize)
+	p.BatchPause = orDur(p.BatchPause, expiry.DefaultBatchPause)
+	p.MaxDuration = orDur(p.MaxDuration, expiry.DefaultMaxDuration)
+	p.DutyCycle = cmp.Or(p.DutyCycle, expiry.DefaultDutyCycle)
+	p.BatchTarget = orDur(p.BatchTarget, expiry.DefaultBatchTarget)
+	p.AuditMaxAge = orDur(p.AuditMaxAge, expiry.DefaultAuditMaxAge)
+
+	// reconcile raises with it, expiry too: one default, reconcile's.
+	c.Alerts.RenotifyAfter = orDur(c.Alerts.RenotifyAfter, reconcile.DefaultRenotifyAfter)
+	c.Alerts.MaxKeysPerMessage = cmp.Or(c.Alerts.MaxKeysPerMessage, alerts.DefaultMaxKeysPerMessage)
+	c.Alerts.Slack.Timeout = orDur(c.Alerts.Slack.Timeout, alerts.DefaultSlackTimeout)
+
+	c.HTTP.Listen = cmp.Or(c.HTTP.Listen, DefaultHTTPListen)
+	c.Log.Level = cmp.Or(c.Log.Level, DefaultLogLevel)
+	c.Log.Format = cmp.Or(c.Log.Format, DefaultLogFormat)
+	if c.Database.MaxConns == 0 {
+		c.Database.MaxConns = r.Concurrency + 4
+	}
+}
+
+func orDur(d config.Duration, def time.Duration) config.Duration {
+	if d == 0 {
+		return config.Duration(def)
+	}
+	return d
+}
+
+// validate expects applyDefaults to have run.
+func validate(c *config.Config) error {
+	var errs config.Errors
+	add := func(e *config.Error) { errs = append(errs, e) }
+	// service maps a service's Validate error back to the file.
+	service := func(section string, err error) {
+		fes, ok := fielderr.All(err)
+		if !ok {
+			add(c.ErrorAt(section, "%v", err))
+			return
+		}
+		for _, fe := range fes {
+			add(c.ErrorAt(fe.Field, "%s", fe.Msg))
+		}
+	}
+	service("reconcile", EngineConfig(c, nil, "config").Validate())
+	service("retention", PurgeConfig(c, "config").Validate())
+
+	if c.Database.MaxConns < 0 {
+		add(c.ErrorAt("database.max_conns", "must be positive, got %d", c.Database.MaxConns))
+	}
+	if c.Alerts.MaxKeysPerMessage < 0 {
+		add(c.ErrorAt("alerts.max_keys_per_message", "must be positive, got %d", c.Alerts.MaxKeysPerMessage))
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		add(c.ErrorAt("log.level", "must be debug, info, warn or error, got %q", c.Log.Level))
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		add(c.ErrorAt("log.format", "must be text or json, got %q", c.Log.Format))
+	}
+	if u := c.Alerts.Slack.APIURL; u != "" {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			add(c.ErrorAt("alerts.slack.api_url", "must be an http(s) URL"))
+		} else if !strings.HasSuffix(u, "/") {
+			add(c.ErrorAt("alerts.slack.api_url", "must end in \"/\" (slack-go appends the method name)"))
+		}
+	}
+	if c.Alerts.Slack.Token != "" && c.Alerts.Slack.Channel == "" {
+		add(c.ErrorAt("alerts.slack.channel", "required with alerts.slack.token"))
+	}
+	if w := c.Alerts.Slack.WebhookURL; w != "" {
+		if pu, err := url.Parse(w.Reveal()); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			add(c.ErrorAt("alerts.slack.webhook_url", "must be an http(s) URL"))
+		}
+	}
+
+	for _, name := range c.ToolNames() {
+		t := c.Tools[name]
+		base := "tools." + name
+		if len(name) > 64 {
+			add(c.ErrorAt(base, "tool name longer than 64 characters"))
+		}
+		floor := c.Retention.MinAge
+		floorPath := "retention.min_age"
+		if r, ok := c.Retention.Tools[name]; ok && r.MinAge > 0 {
+			floor, floorPath = r.MinAge, "retention.tools."+name+".min_age"
+		}
+		if floor < t.ProcessingWindow+c.Reconcile.Grace {
+			add(c.ErrorAt(floorPath, "retention floor %s is shorter than tool %s's processing window plus grace (%s): a key could be purged while its outcome is unknown", floor, name, t.ProcessingWindow+c.Reconcile.Grace))
+		}
+		if t.Probe != nil {
+			errs = append(errs, validateProbe(c, base+".probe", t.Probe)...)
+			// A probe must finish, and its decision be written, well
+			// inside the lease, or another replica may take the key.
+			if t.Probe.Timeout+config.Duration(2*time.Second) >= c.Reconcile.Lease/2 {
+				add(c.ErrorAt(base+".probe.timeout", "probe timeout %s must be well under half of reconcile.lease (%s): raise the lease or shorten the timeout", t.Probe.Timeout, c.Reconcile.Lease))
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Retention.Tools)) {
+		r := c.Retention.Tools[name]
+		if _, ok := c.Tools[name]; !ok && r.MinAge < c.Defaults.ProcessingWindow+c.Reconcile.Grace {
+			add(c.ErrorAt("retention.tools."+name+".min_age", "retention floor %s is shorter than the default processing window plus grace (%s)", r.MinAge, c.Defaults.ProcessingWindow+c.Reconcile.Grace))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	errs.SortByLine()
+	return errs
+}
+
+// validateProbe names the key of each probe setting the probe would refuse,
+// with the probe package's own checks where it has them, so that the error
+// has the key's own line; BuildProbes then builds the probe (NewHTTP,
+// NewSQL), which refuses the rest.
+func validateProbe(c *config.Config, base string, p *config.Probe) []*config.Error {
+	var errs []*config.Error
+	add := func(path, format string, args ...any) { errs = append(errs, c.ErrorAt(path, format, args...)) }
+	if p.Timeout < 0 {
+		add(base+".timeout", "must be positive")
+	}
+	switch p.Type {
+	case "http":
+		if p.URL == "" {
+			add(base+".url", "required for an http probe")
+		} else if err := checkURLTemplate(p.URL); err != nil {
+			add(base+".url", "%v", err)
+		}
+		switch p.Method {
+		case "GET", "POST", "HEAD":
+		default:
+			add(base+".method", "must be GET, POST or HEAD, got %q", p.Method)
+		}
+		if p.Query != "" || p.DatabaseURL != "" || len(p.Args) > 0 {
+			add(base, "query, database_url and args belong to sql probes")
+		}
+	case "sql":
+		if p.DatabaseURL == "" {
+			add(base+".database_url", "required for a sql probe (or database_url_file)")
+		}
+		if strings.TrimSpace(p.Query) == "" {
+			add(base+".query", "required for a sql probe")
+		} else if err := probes.CheckQuery(p.Query); err != nil {
+			add(base+".query", "%v", err)
+		}
+		if p.DatabaseURL != "" {
+			if err := probes.CheckExecMode(p.DatabaseURL.Reveal()); err != nil {
+				add(base+".database_url", "%v", err)
+			}
+		}
+		for i, a := range p.Args {
+			if a != "key" && a != "tool" && !strings.HasPrefix(a, "request.") {
+				add(fmt.Sprintf("%s.args[%d]", base, i), "must be key, tool or request.PATH, got %q", a)
+			}
+		}
+		if p.URL != "" || p.Match != "" || len(p.Headers) > 0 {
+			add(base, "url, match and headers belong to http probes")
+		}
+	case "go":
+	case "":
+		add(base+".type", "required: http, sql or go")
+	default:
+		add(base+".type", "unknown probe type %q (want http, sql or go)", p.Type)
+	}
+	// JSONPath and JSON Pointer spellings would name members no answer
+	// has; refused here so the error has the key's own line.
+	if err := probes.CheckPathSpelling(p.Match); err != nil {
+		add(base+".match", "%v", err)
+	}
+	for _, field := range slices.Sorted(maps.Keys(p.ResponseBody)) {
+		if err := probes.CheckPathSpelling(p.ResponseBody[field]); err != nil {
+			add(base+".response_body."+field, "%v", err)
+		}
+	}
+	if p.ResponseCode != 0 && (p.ResponseCode < 100 || p.ResponseCode > 599) {
+		add(base+".response_code", "must be an HTTP status code, got %d", p.ResponseCode)
+	}
+	return errs
+}
+
+// checkURLTemplate accepts http(s) URLs whose scheme and host are literal:
+// placeholders may stand only in the path and query.
+func checkURLTemplate(tmpl string) error {
+	scheme, rest, ok := strings.Cut(tmpl, "://")
+	if !ok || (scheme != "http" && scheme != "https") {
+		return fmt.Errorf("must start with http:// or https://")
+	}
+	hostEnd := strings.IndexAny(rest, "/?#")
+	host := rest
+	if hostEnd >= 0 {
+		host = rest[:hostEnd]
+	}
+	if host == "" {
+		return fmt.Errorf("has no host")
+	}
+	if strings.ContainsAny(host, "{}@") {
+		return fmt.Errorf("host %q must be literal (no placeholders, no credentials)", host)
+	}
+	return nil
+}
+
+// PurgeConfig maps the retention section of the configuration onto the
+// purger's Config, for `purge`, `serve` and Settle's validation.
+func PurgeConfig(cfg *config.Config, actor string) expiry.Config {
+	r := cfg.Retention
+	c := expiry.Config{
+		Alerts:        PurgeAlerts{},
+		MinAge:        r.MinAge.D(),
+		BatchSize:     r.BatchSize,
+		BatchPause:    r.BatchPause.D(),
+		MaxDuration:   r.MaxDuration.D(),
+		DutyCycle:     r.DutyCycle,
+		BatchTarget:   r.BatchTarget.D(),
+		AuditMaxAge:   r.AuditMaxAge.D(),
+		RenotifyAfter: cfg.Alerts.RenotifyAfter.D(),
+		Actor:         actor,
+	}
+	for tool, t := range r.Tools {
+		if t.MinAge > 0 {
+			if c.ToolMinAge == nil {
+				c.ToolMinAge = map[string]time.Duration{}
+			}
+			c.ToolMinAge[tool] = t.MinAge.D()
+		}
+	}
+	return c
+}
