@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"cmp"
-	"fmt"
 	"maps"
 	"net/url"
 	"slices"
@@ -196,94 +195,58 @@ func validate(c *config.Config) error {
 	return errs
 }
 
-// validateProbe names the key of each probe setting the probe would refuse,
-// with the probe package's own checks where it has them, so that the error
-// has the key's own line; BuildProbes then builds the probe (NewHTTP,
-// NewSQL), which refuses the rest.
+// validateProbe maps the probe package's judgement of one probe's settings
+// (probes.CheckHTTPSettings, CheckSQLSettings, CheckAnswerSettings) to the
+// file's keys, so that each error has the key's own line; BuildProbes then
+// builds the probe (NewHTTP, NewSQL), which refuses the rest. What is
+// config's own shape (the type, keys of the other type) is judged here.
 func validateProbe(c *config.Config, base string, p *config.Probe) []*config.Error {
 	var errs []*config.Error
 	add := func(path, format string, args ...any) { errs = append(errs, c.ErrorAt(path, format, args...)) }
-	if p.Timeout < 0 {
-		add(base+".timeout", "must be positive")
+	probe := func(err error) {
+		fes, ok := fielderr.All(err)
+		if !ok {
+			add(base, "%v", err)
+			return
+		}
+		for _, fe := range fes {
+			add(base+"."+fe.Field, "%s", fe.Msg)
+		}
 	}
 	switch p.Type {
 	case "http":
-		if p.URL == "" {
-			add(base+".url", "required for an http probe")
-		} else if err := checkURLTemplate(p.URL); err != nil {
-			add(base+".url", "%v", err)
-		}
-		switch p.Method {
-		case "GET", "POST", "HEAD":
-		default:
-			add(base+".method", "must be GET, POST or HEAD, got %q", p.Method)
-		}
+		probe(probes.CheckHTTPSettings(probes.HTTPConfig{
+			URL: p.URL, Method: p.Method, Timeout: p.Timeout.D(), Match: p.Match,
+			ResponseCode: p.ResponseCode, ResponseBody: p.ResponseBody,
+		}))
 		if p.Query != "" || p.DatabaseURL != "" || len(p.Args) > 0 {
 			add(base, "query, database_url and args belong to sql probes")
 		}
 	case "sql":
-		if p.DatabaseURL == "" {
-			add(base+".database_url", "required for a sql probe (or database_url_file)")
-		}
-		if strings.TrimSpace(p.Query) == "" {
-			add(base+".query", "required for a sql probe")
-		} else if err := probes.CheckQuery(p.Query); err != nil {
-			add(base+".query", "%v", err)
-		}
-		if p.DatabaseURL != "" {
-			if err := probes.CheckExecMode(p.DatabaseURL.Reveal()); err != nil {
-				add(base+".database_url", "%v", err)
-			}
-		}
-		for i, a := range p.Args {
-			if a != "key" && a != "tool" && !strings.HasPrefix(a, "request.") {
-				add(fmt.Sprintf("%s.args[%d]", base, i), "must be key, tool or request.PATH, got %q", a)
-			}
+		probe(probes.CheckSQLSettings(probes.SQLConfig{
+			DatabaseURL: p.DatabaseURL.Reveal(), Query: p.Query, Args: p.Args, Timeout: p.Timeout.D(),
+			ResponseCode: p.ResponseCode, ResponseBody: p.ResponseBody,
+		}))
+		if p.Match != "" {
+			probe(probes.CheckAnswerSettings(p.Match, 0, nil))
 		}
 		if p.URL != "" || p.Match != "" || len(p.Headers) > 0 {
 			add(base, "url, match and headers belong to http probes")
 		}
-	case "go":
-	case "":
-		add(base+".type", "required: http, sql or go")
 	default:
-		add(base+".type", "unknown probe type %q (want http, sql or go)", p.Type)
-	}
-	// JSONPath and JSON Pointer spellings would name members no answer
-	// has; refused here so the error has the key's own line.
-	if err := probes.CheckPathSpelling(p.Match); err != nil {
-		add(base+".match", "%v", err)
-	}
-	for _, field := range slices.Sorted(maps.Keys(p.ResponseBody)) {
-		if err := probes.CheckPathSpelling(p.ResponseBody[field]); err != nil {
-			add(base+".response_body."+field, "%v", err)
+		switch p.Type {
+		case "go":
+		case "":
+			add(base+".type", "required: http, sql or go")
+		default:
+			add(base+".type", "unknown probe type %q (want http, sql or go)", p.Type)
 		}
-	}
-	if p.ResponseCode != 0 && (p.ResponseCode < 100 || p.ResponseCode > 599) {
-		add(base+".response_code", "must be an HTTP status code, got %d", p.ResponseCode)
+		if p.Timeout < 0 {
+			add(base+".timeout", "must be positive")
+		}
+		probe(probes.CheckAnswerSettings(p.Match, p.ResponseCode, p.ResponseBody))
 	}
 	return errs
-}
-
-// checkURLTemplate accepts http(s) URLs whose scheme and host are literal:
-// placeholders may stand only in the path and query.
-func checkURLTemplate(tmpl string) error {
-	scheme, rest, ok := strings.Cut(tmpl, "://")
-	if !ok || (scheme != "http" && scheme != "https") {
-		return fmt.Errorf("must start with http:// or https://")
-	}
-	hostEnd := strings.IndexAny(rest, "/?#")
-	host := rest
-	if hostEnd >= 0 {
-		host = rest[:hostEnd]
-	}
-	if host == "" {
-		return fmt.Errorf("has no host")
-	}
-	if strings.ContainsAny(host, "{}@") {
-		return fmt.Errorf("host %q must be literal (no placeholders, no credentials)", host)
-	}
-	return nil
 }
 
 // PurgeConfig maps the retention section of the configuration onto the

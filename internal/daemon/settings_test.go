@@ -194,3 +194,11 @@ func TestEmptyFileIsDefaults(t *testing.T) {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }
+
+// TestSettleAcceptsEveryArgSource: key, tool and request.PATH all bind.
+func TestSettleAcceptsEveryArgSource(t *testing.T) {
+	y := "tools:\n  t:\n    probe:\n      type: sql\n      database_url: postgres://x/y\n      query: select 1\n      args: [key, tool, request.order.id]\n"
+	if _, err := settle(t, y, envOf(nil)); err != nil {
+		t.Fatalf("settle: %v", err)
+	}
+}
