@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
@@ -128,7 +129,13 @@ func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, erro
 	pc, err := pgxpool.ParseConfig(raw)
 	if err != nil {
 		// pgx's parse errors may quote the URL: never repeat them.
-		return nil, &configError{fmt.Errorf("database URL %s is not a valid PostgreSQL URL or DSN", redactURL(raw))}
+		// Name it only when it is recognisably a URL or DSN (a value that is
+		// neither could be a bare password pasted in the wrong place).
+		shown := ""
+		if r := redactURL(raw); r != unshownURL {
+			shown = " " + r
+		}
+		return nil, &configError{fmt.Errorf("the database URL%s (database.url, $%s or --database-url) is not a valid PostgreSQL URL or DSN: expected postgres://user:password@host:port/dbname or host=… dbname=…", shown, envDatabaseURL)}
 	}
 	if maxConns > 0 {
 		pc.MaxConns = int32(maxConns)
@@ -142,6 +149,10 @@ func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, erro
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
+		if refusedByServer(err) {
+			return nil, fmt.Errorf("database at %s:%d/%s refused the connection: %s: check the user, password and database name in database.url, $%s or --database-url",
+				pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, rootCause(err), envDatabaseURL)
+		}
 		return nil, fmt.Errorf("cannot reach database at %s:%d/%s (%v): is PostgreSQL running? set database.url, $%s or --database-url",
 			pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, rootCause(err), envDatabaseURL)
 	}
@@ -180,21 +191,43 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// rootCause is the innermost error's first line (pgx joins one error per
-// address tried).
+// rootCause names why a database connection failed, in one line. When the
+// server refused the connection it says why (pgconn.PgError: "password
+// authentication failed for user …", "database … does not exist"), and
+// that is the cause even though pgx tried TLS first and its first
+// attempt's error is "server refused TLS connection". Otherwise it is each
+// attempt's own error (pgx joins one per address tried), duplicates
+// dropped.
 func rootCause(err error) string {
-	for {
-		u := errors.Unwrap(err)
-		if u == nil {
-			break
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) && ce.Unwrap() != nil {
+		err = ce.Unwrap()
+	} else {
+		for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(err) {
+			err = u
 		}
-		err = u
 	}
-	msg := err.Error()
-	if i := strings.IndexByte(msg, '\n'); i >= 0 {
-		msg = msg[:i]
+	var lines []string
+	seen := map[string]bool{}
+	for _, l := range strings.Split(err.Error(), "\n") {
+		l = strings.TrimSpace(l)
+		if l != "" && !seen[l] {
+			seen[l] = true
+			lines = append(lines, l)
+		}
 	}
-	return msg
+	return strings.Join(lines, "; ")
+}
+
+// refusedByServer reports whether PostgreSQL itself answered and refused
+// (wrong password, missing database or role), as opposed to not answering.
+func refusedByServer(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe)
 }
 
 // redactURL hides the password of a database URL, or of a DSN in
@@ -207,8 +240,11 @@ func redactURL(raw string) string {
 	if strings.Contains(raw, "=") {
 		return secret.Patterns(raw)
 	}
-	return "the configured database"
+	return unshownURL
 }
+
+// unshownURL stands for a database URL redactURL cannot show safely.
+const unshownURL = "the configured database"
 
 // actor names who acts: --actor, else $USER, else the OS user.
 func actor(flag string) string {

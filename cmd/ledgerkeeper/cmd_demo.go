@@ -10,12 +10,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -218,10 +220,11 @@ func (d *demo) database(ctx context.Context) (string, func(), error) {
 		}
 		cfg := admin.Config()
 		d.say("using a scratch database %s on %s:%d (dropped at the end)", name, cfg.Host, cfg.Port)
-		u := strings.Replace(raw, "/"+cfg.Database, "/"+name, 1)
-		if !strings.Contains(u, name) {
+		u, err := scratchURL(raw, name)
+		if err != nil {
+			_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize())
 			admin.Close(ctx)
-			return "", nil, fmt.Errorf("the demo needs a database URL of the form postgres://user@host:port/db")
+			return "", nil, err
 		}
 		return u, func() {
 			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -237,6 +240,30 @@ func (d *demo) database(ctx context.Context) (string, func(), error) {
 	}
 	d.say("PostgreSQL running on 127.0.0.1:%d (removed at the end)", srv.Port)
 	return srv.URL, srv.Stop, nil
+}
+
+// scratchURL is raw pointed at database name instead: the path of a URL
+// (never a text replacement: in postgres://postgres:pw@host/postgres the
+// first "/postgres" is the user), or dbname= appended to a key=value DSN
+// (the last setting wins). The result is checked by pgconn's own parser.
+func scratchURL(raw, name string) (string, error) {
+	u := ""
+	if p, err := url.Parse(raw); err == nil && (p.Scheme == "postgres" || p.Scheme == "postgresql") {
+		q := p.Query()
+		if q.Has("dbname") {
+			q.Set("dbname", name)
+			p.RawQuery = q.Encode()
+		}
+		p.Path, p.RawPath = "/"+name, ""
+		u = p.String()
+	} else {
+		u = strings.TrimSpace(raw) + " dbname=" + name
+	}
+	pc, err := pgconn.ParseConfig(u)
+	if err != nil || pc.Database != name {
+		return "", fmt.Errorf("the demo cannot point the database URL %s at its scratch database: give a URL of the form postgres://user:password@host:port/db", redactURL(raw))
+	}
+	return u, nil
 }
 
 // traffic makes the tool calls whose outcomes the reconciler must settle.

@@ -76,7 +76,11 @@ finished are still written.`,
 				RunAtStart: runAtStart,
 				Ready: func(ctx context.Context) error {
 					if err := pool.Ping(ctx); err != nil {
-						return fmt.Errorf("database unreachable: %v", rootCause(err))
+						if refusedByServer(err) {
+							// After a password rotation: the reason, not the TLS attempt.
+							return fmt.Errorf("database refused the connection: %s", rootCause(err))
+						}
+						return fmt.Errorf("database unreachable: %s", rootCause(err))
 					}
 					return checkSchema(ctx, pool)
 				},

@@ -370,7 +370,9 @@ func TestSchemaRequired(t *testing.T) {
 func TestDemo(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewEmpty(t)
-	code, out, stderr := cli(t, "demo", "--database-url", db.URL)
+	// The most common admin URL: user postgres, database postgres (the
+	// scratch database's name must replace the database, not the user).
+	code, out, stderr := cli(t, "demo", "--database-url", pgtest.WithDatabase(db.URL, "postgres"))
 	if code != 0 {
 		t.Fatalf("demo exited %d\n%s\n%s", code, out, stderr)
 	}
