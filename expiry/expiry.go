@@ -177,7 +177,13 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, metrics *Metrics) 
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Purger{cfg: cfg, pool: pool, logger: logger, metrics: metrics}
+	p := &Purger{cfg: cfg, pool: pool, logger: logger, metrics: metrics}
+	tables := []string{"idempotency_keys", "reconcile_state"}
+	for _, t := range p.DaemonTables() {
+		tables = append(tables, t.Name)
+	}
+	metrics.init(tables)
+	return p
 }
 
 // Config returns the effective configuration, defaults filled in.
@@ -544,7 +550,9 @@ type DryRunReport struct {
 	// UnderFloor counts expired resolved keys kept because they are
 	// younger than their retention floor.
 	UnderFloor int64 `json:"kept_under_floor"`
-	// Held counts expired keys kept because they are on hold.
+	// Held counts expired resolved keys kept because they are on hold (held
+	// processing keys are in ExpiredProcessingHeld, so each key is counted
+	// once).
 	Held int64 `json:"kept_held"`
 	// ExpiredProcessing counts expired processing keys (kept);
 	// ExpiredProcessingHeld those on hold, which are not alerted.
@@ -552,7 +560,7 @@ type DryRunReport struct {
 	ExpiredProcessingHeld int64 `json:"expired_processing_held"`
 	// WouldAlert lists the first expired processing keys a pass would
 	// alert (unless alerted within renotify_after), at most
-	// MaxAlertsPerPass.
+	// MaxAlertsPerPass; empty, never null, when there is none.
 	WouldAlert []store.ExpiredKey `json:"would_alert"`
 	// Tables counts the daemon-table rows a pass would delete, in the order
 	// a pass trims them.
@@ -574,6 +582,7 @@ func (p *Purger) DryRun(ctx context.Context) (DryRunReport, error) {
 	rep := DryRunReport{
 		MinAgeSeconds:      c.MinAge.Seconds(),
 		AuditMaxAgeSeconds: c.AuditMaxAge.Seconds(),
+		WouldAlert:         []store.ExpiredKey{},
 	}
 	if len(c.ToolMinAge) > 0 {
 		rep.ToolMinAgeSeconds = map[string]float64{}
@@ -600,10 +609,16 @@ func (p *Purger) DryRun(ctx context.Context) (DryRunReport, error) {
 	if rep.ExpiredProcessing, rep.ExpiredProcessingHeld, err = store.CountExpiredProcessing(ctx, p.pool); err != nil {
 		return rep, err
 	}
+	// The preview's held count includes held processing keys, which are
+	// reported as expired_processing_held: count each key once. (Two
+	// statements, so a hold placed between them could make it negative.)
+	rep.Held = max(rep.Held-rep.ExpiredProcessingHeld, 0)
 	if rep.ExpiredProcessing > rep.ExpiredProcessingHeld {
-		if rep.WouldAlert, err = store.ExpiredProcessingPage(ctx, p.pool, store.PurgeCursor{}, c.MaxAlertsPerPass); err != nil {
+		page, err := store.ExpiredProcessingPage(ctx, p.pool, store.PurgeCursor{}, c.MaxAlertsPerPass)
+		if err != nil {
 			return rep, err
 		}
+		rep.WouldAlert = append(rep.WouldAlert, page...)
 	}
 	for _, t := range p.DaemonTables() {
 		n, err := t.Count(ctx, p.pool, c.AuditMaxAge)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -165,6 +166,42 @@ func TestRules(t *testing.T) {
 				t.Fatalf("report says %d deleted; want %d", rep.KeysDeleted, want)
 			}
 		})
+	}
+}
+
+// The series the dashboard and the alert rules query exist at zero before
+// their first event: no panel on "No data" until the first timeout.
+func TestPurgeSeriesStartAtZero(t *testing.T) {
+	b := setup(t)
+	reg := prometheus.NewRegistry()
+	expiry.New(expiry.Config{Clock: b.clock, Alerts: daemon.PurgeAlerts{}}, b.db.Pool, nil, expiry.NewMetrics(reg))
+	want := map[string]bool{
+		`ledgerkeeper_purge_batches_total{result="timeout"}`:              false,
+		`ledgerkeeper_purge_batches_total{result="ok"}`:                   false,
+		`ledgerkeeper_purge_rows_deleted_total{table="idempotency_keys"}`: false,
+		`ledgerkeeper_purge_rows_deleted_total{table="reconcile_audit"}`:  false,
+		`ledgerkeeper_purge_rows_deleted_total{table="alert_outbox"}`:     false,
+		`ledgerkeeper_purge_passes_total{result="error"}`:                 false,
+		`ledgerkeeper_purge_passes_total{result="ok"}`:                    false,
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				name := fmt.Sprintf("%s{%s=%q}", mf.GetName(), l.GetName(), l.GetValue())
+				if _, ok := want[name]; ok {
+					want[name] = true
+				}
+			}
+		}
+	}
+	for name, seen := range want {
+		if !seen {
+			t.Errorf("%s is not exported before its first event", name)
+		}
 	}
 }
 
@@ -624,6 +661,31 @@ func TestDryRunDeletesNothing(t *testing.T) {
 	// And the real pass does what the dry run said.
 	if real := run(t, b.purger(expiry.Config{})); real.KeysDeleted != rep.TotalKeys {
 		t.Fatalf("real pass deleted %d; dry run said %d", real.KeysDeleted, rep.TotalKeys)
+	}
+}
+
+// A held, processing, expired key is counted once (as expired processing
+// and held, not also as a kept held key), and nothing to alert is an empty
+// list, not null.
+func TestDryRunCountsAHeldProcessingKeyOnce(t *testing.T) {
+	b := setup(t)
+	b.key(t, "held-stuck", "create_ticket", "processing", 3*day, -day)
+	b.key(t, "held-done", "create_ticket", "completed", 3*day, -day)
+	b.db.Exec(t, `INSERT INTO key_holds (key, reason, actor) VALUES ('held-stuck', 'r', 'op'), ('held-done', 'r', 'op')`)
+	rep, err := b.purger(expiry.Config{}).DryRun(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Held != 1 || rep.ExpiredProcessing != 1 || rep.ExpiredProcessingHeld != 1 || rep.TotalKeys != 0 {
+		t.Fatalf("each key once: kept_held=%d expired_processing=%d held=%d purge=%d; want 1 1 1 0",
+			rep.Held, rep.ExpiredProcessing, rep.ExpiredProcessingHeld, rep.TotalKeys)
+	}
+	out, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), `"would_alert":[]`) {
+		t.Fatalf("would_alert must be an empty list: %s", out)
 	}
 }
 

@@ -69,6 +69,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// init starts every series a dashboard panel or alert rule queries at
+// zero, so that a panel shows 0 rather than "No data" before the first
+// timeout or deletion, and rate() and increase() see the first event.
+func (m *Metrics) init(tables []string) {
+	if m == nil {
+		return
+	}
+	for _, t := range tables {
+		m.rowsDeleted.WithLabelValues(t)
+	}
+	for _, r := range []string{"ok", "timeout"} {
+		m.batches.WithLabelValues(r)
+	}
+	for _, r := range []string{"ok", "budget_exhausted", "already_running", "error"} {
+		m.passes.WithLabelValues(r)
+	}
+}
+
 func (m *Metrics) observeBatch(d time.Duration, timedOut bool) {
 	if m == nil {
 		return

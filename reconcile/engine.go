@@ -257,4 +257,7 @@ const (
 	// Dry-run actions say what would happen.
 	ActionWouldComplete = "would_complete"
 	ActionWouldRetry    = "would_mark_retryable"
+	// ActionWouldAlert replaces duplicate_alerted and escalated_dedup_window
+	// in a dry run, which raises nothing.
+	ActionWouldAlert = "would_alert"
 )

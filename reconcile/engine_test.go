@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -219,7 +220,7 @@ func TestVerdictPaths(t *testing.T) {
 		t.Fatalf("no_probe alerts = %d", n)
 	}
 	// Every decision is on the record.
-	for key, action := range map[string]string{"found": "completed", "absent": "marked_retryable", "twice": "duplicate_alerted", "noprobe": "no_probe"} {
+	for key, action := range map[string]string{"found": "completed", "absent": "marked_retryable", "twice": "would_alert", "noprobe": "no_probe"} {
 		hist, err := store.History(bg, db.Pool, key, 10)
 		if err != nil || len(hist) != 1 || hist[0].Action != action || hist[0].Actor != "test-replica" || hist[0].Attempt != 1 {
 			t.Fatalf("history of %s = %+v, %v", key, hist, err)
@@ -498,7 +499,7 @@ func TestDryRunChangesNothing(t *testing.T) {
 	if after := snapshot(); after != before {
 		t.Fatalf("dry run changed the database:\nbefore %s\nafter  %s", before, after)
 	}
-	want := map[string]string{"found": "would_complete", "absent": "would_mark_retryable", "twice": "duplicate_alerted", "noprobe": "no_probe"}
+	want := map[string]string{"found": "would_complete", "absent": "would_mark_retryable", "twice": "would_alert", "noprobe": "no_probe"}
 	for _, k := range rep.Keys {
 		if want[k.Key] != k.Action {
 			t.Errorf("dry run %s: action %s, want %s", k.Key, k.Action, want[k.Key])
@@ -910,5 +911,35 @@ func TestDedupWindowFromFirstUse(t *testing.T) {
 	}
 	if r := row(t, db, "reclaimed"); r.Status != ledger.StatusProcessing {
 		t.Fatalf("status = %s", r.Status)
+	}
+}
+
+// A dry run alerts nothing, so it does not say it did: a duplicate and a
+// key past the downstream's dedup window are would_alert, with the alert a
+// real pass would raise; the real pass then takes the real actions.
+func TestDryRunSaysWouldAlert(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ds := newDownstream(t)
+	stuck(t, db, "charge_card", time.Minute, "old")
+	db.Exec(t, `UPDATE idempotency_keys SET created_at = now() - interval '48 hours' WHERE key = 'old'`)
+	stuck(t, db, "charge_card", time.Minute, "twice")
+	ds.addTicket("twice", "T-2")
+	ds.addTicket("twice", "T-3")
+	e := engine(t, db.Pool, reconcile.Config{Tools: map[string]reconcile.Policy{
+		"charge_card": {ProcessingWindow: time.Second, DownstreamDedupWindow: 24 * time.Hour, Probe: ds.probe(t)}}})
+	dry := run(t, e, reconcile.Options{DryRun: true})
+	wantAlert := map[string]string{"old": "dedup_window_passed", "twice": "duplicate_effect"}
+	for _, k := range dry.Keys {
+		if k.Action != reconcile.ActionWouldAlert || !slices.Contains(k.Alerts, wantAlert[k.Key]) {
+			t.Errorf("dry run %s: action %s alerts %v; want would_alert with %s", k.Key, k.Action, k.Alerts, wantAlert[k.Key])
+		}
+	}
+	if dry.Actions[reconcile.ActionWouldAlert] != 2 || dry.Actions["duplicate_alerted"] != 0 || dry.Actions["escalated_dedup_window"] != 0 {
+		t.Fatalf("dry run actions = %+v", dry.Actions)
+	}
+	real := run(t, e, reconcile.Options{})
+	if real.Actions["duplicate_alerted"] != 1 || real.Actions["escalated_dedup_window"] != 1 {
+		t.Fatalf("real run actions = %+v", real.Actions)
 	}
 }

@@ -45,6 +45,12 @@ func (t *toolRun) decide(_ context.Context, pr probed) *plan {
 			d.Action = ActionWouldComplete
 		case ledger.StatusFailedRetryable:
 			d.Action = ActionWouldRetry
+		default:
+			// Nothing was alerted: the real actions' names say it was.
+			// The alerts a real pass would raise are in KeyResult.Alerts.
+			if d.Action == ActionDuplicate || d.Action == ActionEscalatedDedup {
+				d.Action = ActionWouldAlert
+			}
 		}
 		var names []string
 		for _, a := range pl.Raise {

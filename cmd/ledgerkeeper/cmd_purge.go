@@ -120,8 +120,10 @@ func printPurge(w io.Writer, rep expiry.Report) {
 			rep.ExpiredProcessing, rep.AlertsRaised)
 		if rep.ExpiredProcessingHeld > 0 {
 			fmt.Fprintf(w, ", %d on hold and not alerted", rep.ExpiredProcessingHeld)
+			fmt.Fprintln(w, ". Resolve them with 'ledgerkeeper resolve'; a held key must be released first ('ledgerkeeper release KEY'): resolve refuses it.")
+		} else {
+			fmt.Fprintln(w, ". Resolve them with 'ledgerkeeper resolve'.")
 		}
-		fmt.Fprintln(w, ". Resolve them with 'ledgerkeeper resolve'.")
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -185,7 +185,7 @@ func printReconcile(w io.Writer, rep reconcile.Report, delivery *alerts.Report) 
 
 func summarize(m map[string]int) string {
 	var parts []string
-	for _, k := range []string{"completed", "marked_retryable", "would_complete", "would_mark_retryable", "awaiting_confirmation",
+	for _, k := range []string{"completed", "marked_retryable", "would_complete", "would_mark_retryable", "would_alert", "awaiting_confirmation",
 		"duplicate_alerted", "escalated_dedup_window", "backoff", "no_probe", "resolved_by_original", "held", "lease_lost", "write_failed"} {
 		if n := m[k]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", n, strings.ReplaceAll(k, "_", " ")))
