@@ -81,5 +81,6 @@ downstream that cannot be reached exits 1.`,
 	check.Flags().BoolVar(&asJSON, "json", false, "print one JSON document")
 	check.Flags().BoolVar(&connect, "connect", false, "connect to each sql probe's downstream and prepare its query there")
 	cmd.AddCommand(check)
+	parentOnly(cmd, false)
 	return cmd
 }

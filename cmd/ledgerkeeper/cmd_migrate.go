@@ -24,7 +24,7 @@ advisory lock serialises them).`,
 				sub = argv[0]
 			}
 			if sub != "up" && sub != "status" {
-				return usagef("migrate: unknown subcommand %q (want up or status)", sub)
+				return unknownCommand(sub, cmd.CommandPath(), []string{"up", "status"})
 			}
 			ctx := cmd.Context()
 			pool, err := a.pool(ctx)

@@ -179,6 +179,15 @@ effect turns out to exist after all.`,
 					req.Body = json.RawMessage{}
 				}
 			}
+			if completed {
+				// Missing is not malformed: say which flag is missing.
+				switch {
+				case !cmd.Flags().Changed("code"):
+					return usagef("resolve --completed: --code is required (the response code retries will replay)")
+				case !cmd.Flags().Changed("body"):
+					return usagef("resolve --completed: --body is required (the JSON response body retries will replay)")
+				}
+			}
 			if err := req.Validate(); err != nil {
 				return resolveUsage(err, code)
 			}

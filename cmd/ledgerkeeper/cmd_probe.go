@@ -44,12 +44,9 @@ func newProbeCmd(a *app) *cobra.Command {
 
 Neither writes to the ledger, the audit trail, the alert outbox or the
 self-check record: what the reconciler does is unchanged.`,
-		Args: args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usagef("probe needs a subcommand: run KEY or check")
-		},
 	}
 	cmd.AddCommand(newProbeRunCmd(a), newProbeCheckCmd(a))
+	parentOnly(cmd, false)
 	return cmd
 }
 

@@ -96,7 +96,10 @@ keys, and alerts on Slack for everything it cannot resolve.`,
 		newDemoCmd(a),
 		newProbeCmd(a),
 		newServeCmd(a),
+		newVersionCmd(a),
 	)
+	parentOnly(root, true)
+	setVersionFlag(root)
 	return root
 }
 

@@ -150,13 +150,24 @@ func TestUsageAndOperationalExitCodes(t *testing.T) {
 		{[]string{"frobnicate"}, 2, "unknown command"},
 		{[]string{"reconcile", "--bogus"}, 2, "unknown flag"},
 		{[]string{"inspect"}, 2, "accepts 1 arg"},
-		{[]string{"migrate", "sideways", "--database-url", "postgres://x@127.0.0.1:1/x"}, 2, "unknown subcommand"},
+		{[]string{"migrate", "sideways", "--database-url", "postgres://x@127.0.0.1:1/x"}, 2, `unknown command "sideways" for "ledgerkeeper migrate"`},
+		{[]string{"migrate", "stauts"}, 2, `unknown command "stauts" for "ledgerkeeper migrate" (did you mean status?)`},
+		// A CI "validate config" step must not pass on a typo (issue 10 item 3).
+		{[]string{"config", "chek"}, 2, `unknown command "chek" for "ledgerkeeper config" (did you mean check?)`},
+		{[]string{"config"}, 2, "ledgerkeeper config needs a sub-command: check"},
+		{[]string{"probe", "chek"}, 2, `unknown command "chek" for "ledgerkeeper probe" (did you mean check?)`},
+		{[]string{"probe"}, 2, "needs a sub-command"},
+		{[]string{"stauts"}, 2, `unknown command "stauts" for "ledgerkeeper" (did you mean status?)`},
 		{[]string{"status"}, 2, "no database"},
 		{[]string{"status", "--database-url", "postgres://u:hunter2@127.0.0.1:1/x"}, 1, "cannot reach database at 127.0.0.1:1/x"},
 		{[]string{"resolve", "k", "--retryable"}, 2, "--reason is required"},
 		{[]string{"resolve", "k", "--completed", "--code", "201", "--body", "{nope", "--reason", "r"}, 2, "--body must be valid JSON"},
 		{[]string{"resolve", "k", "--completed", "--retryable", "--reason", "r"}, 2, "exactly one of"},
 		{[]string{"resolve", "k", "--completed", "--code", "500", "--body", "{}", "--reason", "r"}, 2, "replay a server error"},
+		// README: a 5xx --code without --force is a usage error (2), checked
+		// before anything connects; a missing flag is named as missing.
+		{[]string{"resolve", "k", "--completed", "--code", "201", "--reason", "r"}, 2, "resolve --completed: --body is required"},
+		{[]string{"resolve", "k", "--completed", "--body", "{}", "--reason", "r"}, 2, "resolve --completed: --code is required"},
 	} {
 		code, _, stderr := cli(t, c.args...)
 		if code != c.want || !strings.Contains(stderr, c.msg) {
