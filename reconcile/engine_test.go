@@ -220,7 +220,7 @@ func TestVerdictPaths(t *testing.T) {
 		t.Fatalf("no_probe alerts = %d", n)
 	}
 	// Every decision is on the record.
-	for key, action := range map[string]string{"found": "completed", "absent": "marked_retryable", "twice": "would_alert", "noprobe": "no_probe"} {
+	for key, action := range map[string]string{"found": "completed", "absent": "marked_retryable", "twice": "duplicate_alerted", "noprobe": "no_probe"} {
 		hist, err := store.History(bg, db.Pool, key, 10)
 		if err != nil || len(hist) != 1 || hist[0].Action != action || hist[0].Actor != "test-replica" || hist[0].Attempt != 1 {
 			t.Fatalf("history of %s = %+v, %v", key, hist, err)
