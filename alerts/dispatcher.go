@@ -30,6 +30,7 @@ const (
 	DefaultBackoffBase       = 15 * time.Second
 	DefaultBackoffMax        = 10 * time.Minute
 	DefaultPermanentBackoff  = 15 * time.Minute
+	DefaultPermanentRetry    = time.Minute
 	DefaultMaxKeysPerMessage = 20
 )
 
@@ -65,10 +66,15 @@ type Config struct {
 	// sooner than a 429's Retry-After. Defaults 15s and 10m.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
-	// PermanentBackoff is the retry delay after a permanent error (bad
-	// token, missing channel). Such rows are also retried at the first pass
-	// of each new Dispatcher, so a fixed configuration takes effect at the
-	// next restart or CLI run. Default 15m.
+	// PermanentRetry and PermanentBackoff shape the retry after a
+	// permanent error (bad token, missing channel, removed webhook):
+	// PermanentRetry·2^attempts capped at PermanentBackoff, without jitter
+	// (1m, 2m, 4m, 8m, then every 15m by default), so a running serve
+	// picks up a fix on the Slack side by itself. Such rows are also
+	// retried at the first pass of each new Dispatcher, so a fixed
+	// configuration takes effect at the next restart or CLI run at once.
+	// Defaults 1m and 15m.
+	PermanentRetry   time.Duration
 	PermanentBackoff time.Duration
 	// MaxKeysPerMessage bounds the keys listed in one message; the rest are
 	// counted. Capped at 47 by Slack's 50 blocks. Default 20.
@@ -98,6 +104,7 @@ func (c Config) withDefaults() Config {
 	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
 	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
 	c.PermanentBackoff = cmp.Or(c.PermanentBackoff, DefaultPermanentBackoff)
+	c.PermanentRetry = cmp.Or(c.PermanentRetry, min(DefaultPermanentRetry, c.PermanentBackoff))
 	c.MaxKeysPerMessage = cmp.Or(c.MaxKeysPerMessage, DefaultMaxKeysPerMessage)
 	return c
 }
@@ -107,12 +114,14 @@ func (c Config) withDefaults() Config {
 func (c Config) mustValidate() {
 	switch {
 	case c.BatchSize < 0, c.Lease < 0, c.NotifyTimeout < 0, c.BackoffBase < 0,
-		c.BackoffMax < 0, c.PermanentBackoff < 0, c.MaxKeysPerMessage < 0:
+		c.BackoffMax < 0, c.PermanentBackoff < 0, c.PermanentRetry < 0, c.MaxKeysPerMessage < 0:
 		panic("alerts: negative Config value")
 	case c.Lease <= c.NotifyTimeout+leaseMargin:
 		panic(fmt.Sprintf("alerts: Lease (%s) must exceed NotifyTimeout (%s) by more than %s", c.Lease, c.NotifyTimeout, leaseMargin))
 	case c.BackoffMax < c.BackoffBase:
 		panic("alerts: BackoffMax shorter than BackoffBase")
+	case c.PermanentBackoff < c.PermanentRetry:
+		panic("alerts: PermanentBackoff shorter than PermanentRetry")
 	}
 }
 
@@ -183,6 +192,9 @@ type Report struct {
 	LeaseLost int `json:"lease_lost,omitempty"`
 	// Pending is the outbox's pending rows after the pass.
 	Pending int `json:"pending"`
+	// RateLimitedUntil is set when the pass posted nothing because Slack's
+	// Retry-After from an earlier 429 has not passed yet.
+	RateLimitedUntil *time.Time `json:"rate_limited_until,omitempty"`
 }
 
 // group is the items of one kind and reason: one message.
@@ -192,10 +204,13 @@ type group struct {
 	items  []item
 }
 
+// ids are the outbox rows the group's message settles: its items and the
+// notices they superseded (see collapse).
 func (g group) ids() []int64 {
-	ids := make([]int64, len(g.items))
-	for i, it := range g.items {
-		ids[i] = it.id
+	ids := make([]int64, 0, len(g.items))
+	for _, it := range g.items {
+		ids = append(ids, it.id)
+		ids = append(ids, it.supersedes...)
 	}
 	return ids
 }
@@ -234,12 +249,26 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Report, error) {
 		}
 		d.retriedPermanent.Store(true)
 	}
+	// A 429 holds back every post to this webhook or channel until its
+	// Retry-After, not only the rows it refused: an alert raised meanwhile
+	// waits too (replicas share the outbox, so they all see it).
+	if until, err := d.rateLimitedUntil(ctx); err != nil {
+		return rep, err
+	} else if until != nil {
+		rep.RateLimitedUntil = until
+		if h, err := Health(ctx, d.pool); err == nil {
+			rep.Pending = h.Pending
+			d.metrics.pending(h)
+		}
+		return rep, nil
+	}
 	token := d.leaseToken()
 	passNow, items, err := d.claim(ctx, token)
 	if err != nil {
 		return rep, err
 	}
 	rep.Claimed = len(items)
+	items = collapse(items)
 	// Only posts that can finish inside the lease start.
 	deadline := started.Add(d.cfg.Lease - leaseMargin)
 
@@ -266,10 +295,10 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Report, error) {
 			errs = append(errs, err)
 			rep.Messages++
 			rep.Delivered += len(g.items)
-			if err == nil && n < len(g.items) {
-				rep.LeaseLost += len(g.items) - n
+			if ids := len(g.ids()); err == nil && n < ids {
+				rep.LeaseLost += ids - n
 				d.logger.Warn("alert message posted after its lease was taken over: another dispatcher may post it again; raise the lease",
-					"reason", string(g.reason), "kind", string(g.kind), "alerts", len(g.items)-n)
+					"reason", string(g.reason), "kind", string(g.kind), "alerts", ids-n)
 			}
 			d.metrics.sent(g.kind, g.reason, len(g.items))
 			continue
@@ -351,9 +380,24 @@ func (d *Dispatcher) now() *time.Time {
 // never sooner than the server's Retry-After.
 func (d *Dispatcher) delay(class FailureClass, attempts int, retryAfter time.Duration) time.Duration {
 	if class == ClassPermanent {
-		return max(d.cfg.PermanentBackoff, retryAfter)
+		return max(backoff.Delay(d.cfg.PermanentRetry, d.cfg.PermanentBackoff, attempts, 1), retryAfter)
 	}
 	return max(backoff.Delay(d.cfg.BackoffBase, d.cfg.BackoffMax, attempts, backoff.Jitter(0.5, 1)), retryAfter)
+}
+
+const sqlRateLimitedUntil = `SELECT max(next_attempt_at) FROM alert_outbox
+	WHERE status = 'pending' AND last_error_class = 'rate_limited'
+	  AND next_attempt_at > coalesce($1::timestamptz, now())`
+
+// rateLimitedUntil is the end of a Retry-After still running, or nil.
+func (d *Dispatcher) rateLimitedUntil(ctx context.Context) (*time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	var until *time.Time
+	if err := d.pool.QueryRow(ctx, sqlRateLimitedUntil, d.now()).Scan(&until); err != nil {
+		return nil, fmt.Errorf("read Slack's rate limit from the outbox: %w", err)
+	}
+	return until, nil
 }
 
 const sqlRetryPermanent = `UPDATE alert_outbox SET next_attempt_at = coalesce($1::timestamptz, now())
@@ -418,6 +462,47 @@ func (d *Dispatcher) claim(ctx context.Context, token string) (time.Time, []item
 		return now, nil, fmt.Errorf("claim due alerts: %w", err)
 	}
 	return now, items, nil
+}
+
+// collapse keeps, per reason and subject (key, or tool for tool-wide
+// alerts), only the newest notice of the pass: when a firing notice and
+// its resolved notice are both pending (at start-up a purge pass and a
+// reconcile pass may raise and resolve the same key before any dispatch),
+// on-call gets one message with the final state, not FIRING then RESOLVED.
+// The older notices are settled with it (marked sent together), and a
+// resolved notice that swallowed a firing one says so.
+func collapse(items []item) []item {
+	type subject struct{ reason, tool, key string }
+	subj := func(it item) subject {
+		if it.key != "" {
+			return subject{string(it.reason), "", it.key}
+		}
+		return subject{string(it.reason), it.tool, ""}
+	}
+	newest := map[subject]int{}
+	for i, it := range items {
+		s := subj(it)
+		if j, ok := newest[s]; !ok || items[j].id < it.id {
+			newest[s] = i
+		}
+	}
+	if len(newest) == len(items) {
+		return items
+	}
+	out := make([]item, 0, len(newest))
+	for i, it := range items {
+		if newest[subj(it)] != i {
+			continue
+		}
+		for j, older := range items {
+			if j != i && subj(older) == subj(it) {
+				it.supersedes = append(it.supersedes, older.id)
+				it.firedToo = it.firedToo || older.kind == KindFiring
+			}
+		}
+		out = append(out, it)
+	}
+	return out
 }
 
 // groupItems makes one group per kind and reason: firing before resolved,

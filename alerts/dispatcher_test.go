@@ -410,16 +410,39 @@ func TestPermanentErrorKeepsAlertsAndSurfaces(t *testing.T) {
 		t.Error("the token leaked into a log or the stored error")
 	}
 
-	// Held back: the next passes of this dispatcher do not hammer Slack.
-	b.clock.Advance(10 * time.Minute)
+	// Held back on a documented cadence: PermanentRetry (1m) doubling up
+	// to PermanentBackoff, so a running serve picks up a fix by itself.
+	if h.NextPermanentRetryAt == nil || h.NextPermanentRetryAt.Sub(b.clock.Now()) != time.Minute {
+		t.Errorf("next permanent retry at %v, want in exactly 1m (clock %v)", h.NextPermanentRetryAt, b.clock.Now())
+	}
+	if got, want := testutil.ToFloat64(d.metrics.nextAttempt), float64(b.clock.Now().Add(time.Minute).UnixNano())/1e9; got != want {
+		t.Errorf("next attempt gauge = %v, want %v", got, want)
+	}
+	b.clock.Advance(59 * time.Second)
 	b.run(t, d)
 	if n := len(srv.requests()); n != 1 {
 		t.Errorf("%d requests inside the permanent back-off", n)
 	}
+	b.clock.Advance(time.Second)
+	b.run(t, d)
+	if n := len(srv.requests()); n != 2 {
+		t.Fatalf("%d requests: a running dispatcher retries a permanent failure after 1m", n)
+	}
+	// Second failure of that row: 2m.
+	b.clock.Advance(time.Minute + 59*time.Second)
+	b.run(t, d)
+	if n := len(srv.requests()); n != 2 {
+		t.Errorf("%d requests before the doubled back-off (2m)", n)
+	}
+	b.clock.Advance(time.Second)
+	b.run(t, d)
+	if n := len(srv.requests()); n != 3 {
+		t.Fatalf("%d requests: want the retry after 2m", n)
+	}
 	// A new dispatcher (a restart with a fixed configuration) tries at once.
 	d2 := b.dispatcher(srv.botNotifier(t), nil)
 	b.run(t, d2)
-	if n := len(srv.requests()); n != 2 {
+	if n := len(srv.requests()); n != 4 {
 		t.Errorf("%d requests: a new dispatcher should retry permanent failures at once", n)
 	}
 	if n := b.db.Count(t, "alert_outbox WHERE status = 'pending'"); n != 3 {
@@ -667,8 +690,11 @@ func TestBackoffGrowsAndCaps(t *testing.T) {
 	if got := d.delay(ClassRateLimited, 0, 90*time.Second); got != 90*time.Second {
 		t.Errorf("Retry-After floor: %s", got)
 	}
-	if got := d.delay(ClassPermanent, 3, 0); got != time.Hour {
-		t.Errorf("permanent: %s", got)
+	d.cfg.PermanentRetry = time.Minute
+	for attempts, want := range []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 16 * time.Minute, 32 * time.Minute, time.Hour, time.Hour} {
+		if got := d.delay(ClassPermanent, attempts, 0); got != want {
+			t.Errorf("permanent after %d attempts: %s, want %s", attempts, got, want)
+		}
 	}
 	if got := d.delay(ClassRetryable, 1000, 0); got > time.Minute {
 		t.Errorf("huge attempts: %s", got)
@@ -708,5 +734,92 @@ func TestLeaseTakenOverMidPostIsNotMarkedSent(t *testing.T) {
 	}
 	if !strings.Contains(b.logs.String(), "lease was taken over") {
 		t.Errorf("no warning logged:\n%s", b.logs.String())
+	}
+}
+
+// A 429 holds back every post to the webhook or channel until its
+// Retry-After, not only the rows it refused: an alert raised 0.1s later
+// waits too (issue 10 item 17).
+func TestRateLimitHoldsBackAlertsRaisedAfterIt(t *testing.T) {
+	t.Parallel()
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			srv := newFakeSlack(t, func(n int, _ string) reply {
+				if n == 0 {
+					return reply{status: 429, header: map[string]string{"Retry-After": "20"}, body: "rate_limited"}
+				}
+				return reply{status: 200}
+			})
+			d := b.dispatcher(tr.notifier(srv, t), nil)
+			b.raise(t, keyAlert(ReasonDuplicate, "charge_card", "wf-1:charge"))
+			start := b.clock.Now()
+			if rep := b.run(t, d); rep.FailedMessages != 1 {
+				t.Fatalf("report %+v: want the 429", rep)
+			}
+			b.clock.Advance(100 * time.Millisecond)
+			b.raise(t, keyAlert(ReasonNoProbe, "mystery", "wf-2:x"))
+			for _, at := range []time.Duration{time.Second, 10 * time.Second, 19900 * time.Millisecond} {
+				b.clock.Advance(start.Add(at).Sub(b.clock.Now()))
+				rep := b.run(t, d)
+				if n := len(srv.requests()); n != 1 {
+					t.Fatalf("%s after the 429: %d requests, want none before Retry-After (20s)", at, n)
+				}
+				if rep.RateLimitedUntil == nil || !rep.RateLimitedUntil.Equal(start.Add(20*time.Second)) {
+					t.Fatalf("report %+v: want RateLimitedUntil = 429 + 20s", rep)
+				}
+			}
+			b.clock.Advance(start.Add(20 * time.Second).Sub(b.clock.Now()))
+			rep := b.run(t, d)
+			if rep.Delivered != 2 || len(srv.accepted()) != 2 {
+				t.Fatalf("report %+v, %d accepted: want both alerts once Retry-After passed", rep, len(srv.accepted()))
+			}
+		})
+	}
+}
+
+// A firing notice and its resolved notice pending together (a purge pass
+// and a reconcile pass raced at start-up) give one message with the final
+// state, not FIRING then RESOLVED (issue 10 item 11).
+func TestFiredAndResolvedInOnePassPostsFinalStateOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	srv := newFakeSlack(t, nil)
+	d := b.dispatcher(srv.botNotifier(t), nil)
+	b.raise(t, keyAlert(ReasonExpiredProcessing, "create_ticket", "wf-1:s1"))
+	b.raise(t, keyAlert(ReasonExpiredProcessing, "create_ticket", "wf-2:s1"))
+	if n, err := ResolveKey(b.ctx, b.db.Pool, "create_ticket", "wf-1:s1", "completed by the original attempt"); err != nil || n != 1 {
+		t.Fatalf("ResolveKey = %d, %v", n, err)
+	}
+	b.raise(t, Alert{Reason: ReasonDownstreamUnreachable, Tool: "create_ticket", Details: Details{Keys: 2}})
+	if _, err := ResolveTool(b.ctx, b.db.Pool, "create_ticket", "breaker closed"); err != nil {
+		t.Fatal(err)
+	}
+
+	rep := b.run(t, d)
+	if rep.Claimed != 5 || rep.Messages != 3 || rep.Pending != 0 {
+		t.Fatalf("report %+v: want 5 rows claimed, settled by 3 messages", rep)
+	}
+	msgs := srv.accepted()
+	var firing, resolved []string
+	for _, m := range msgs {
+		text := strings.Join(m.texts(t), "\n")
+		switch {
+		case strings.HasPrefix(m.Text, "[FIRING]"):
+			firing = append(firing, text)
+		case strings.HasPrefix(m.Text, "[RESOLVED]"):
+			resolved = append(resolved, text)
+		}
+	}
+	if len(firing) != 1 || !strings.Contains(firing[0], "wf-2:s1") || strings.Contains(firing[0], "wf-1:s1") {
+		t.Fatalf("firing messages %q: want one, for wf-2:s1 only", firing)
+	}
+	all := strings.Join(resolved, "\n")
+	if len(resolved) != 2 || !strings.Contains(all, "wf-1:s1") || strings.Count(all, "Fired and resolved before it could be delivered") != 2 {
+		t.Fatalf("resolved messages %q: want wf-1:s1 and the tool, each saying it fired and resolved", resolved)
+	}
+	if n := b.db.Count(t, "alert_outbox WHERE status = 'sent'"); n != 5 {
+		t.Errorf("%d rows sent, want all 5 settled", n)
 	}
 }

@@ -40,12 +40,19 @@
 //	       history until purge's retention removes it)
 //
 // Back-off: BackoffBase·2^attempts capped at BackoffMax, with equal jitter;
-// a 429's Retry-After is a floor, honoured exactly. A permanent error (bad
-// token, channel not found, webhook removed) waits PermanentBackoff, is
-// logged once per pass, counted in ledgerkeeper_alerts_delivery_failures_total
-// {class="permanent"} and shown by Health (so by `ledgerkeeper status`);
-// the first pass of each new Dispatcher retries such rows at once, so a
-// fixed configuration works from the next restart or CLI run. After a
+// a 429's Retry-After is a floor, honoured exactly, and it holds back every
+// post to that webhook or channel: while a rate-limited row's
+// next_attempt_at is in the future no pass posts anything (alerts raised
+// meanwhile wait too; Report.RateLimitedUntil, Health.RateLimitedUntil).
+// A permanent error (bad token, channel not found, webhook removed) is
+// retried by the running dispatcher after PermanentRetry·2^attempts capped
+// at PermanentBackoff, without jitter (1m, 2m, 4m, 8m, then every 15m by
+// default), is logged once per pass, counted in
+// ledgerkeeper_alerts_delivery_failures_total{class="permanent"} and shown
+// by Health (NextPermanentRetryAt, so by `ledgerkeeper status`) and by
+// ledgerkeeper_alerts_next_attempt_timestamp_seconds; the first pass of
+// each new Dispatcher retries such rows at once, so a fixed configuration
+// works from the next restart or CLI run. After a
 // failure that concerns Slack rather than one message (outage, rate limit,
 // auth), the rest of the pass is deferred by the same delay without
 // counting an attempt. Nothing is ever deleted or given up on here.
@@ -72,8 +79,15 @@
 //
 // One message per kind and reason per pass: a header, what the reason
 // means and its runbook section, then one section per alert (key, tool,
-// age, attempts, last probe error, the exact `ledgerkeeper inspect` command)
-// up to MaxKeysPerMessage, then "…and N more". Everything taken from the
+// age, attempts, last probe error or self-check answers, the exact
+// `ledgerkeeper inspect` command and the commands that act on it, with the
+// real key or tool and every required flag; only the outcome to record,
+// --code CODE --body 'JSON', is left for the operator, written so that an
+// unedited paste is refused) up to MaxKeysPerMessage, then "…and N more".
+// When a pass claims several notices for one reason and subject (a firing
+// and its resolved notice, raised and resolved before any dispatch), only
+// the newest is posted and the others are marked sent with it; a resolved
+// notice that swallowed a firing one says it fired and resolved. Everything taken from the
 // ledger or a downstream is escaped for Slack mrkdwn (& < >) in verbatim
 // text objects, so a key like <!channel> can neither ping anyone nor
 // disguise a link; the only links are our own runbook links. Texts are cut

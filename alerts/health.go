@@ -29,6 +29,12 @@ type DeliveryHealth struct {
 	LastError      string       `json:"last_error,omitempty"`
 	LastErrorClass FailureClass `json:"last_error_class,omitempty"`
 	LastErrorAt    *time.Time   `json:"last_error_at,omitempty"`
+	// NextPermanentRetryAt is when a running dispatcher next tries the
+	// alerts a permanent error holds back (Config.PermanentRetry doubling
+	// up to PermanentBackoff); RateLimitedUntil is the end of a 429's
+	// Retry-After, before which nothing is posted.
+	NextPermanentRetryAt *time.Time `json:"next_permanent_retry_at,omitempty"`
+	RateLimitedUntil     *time.Time `json:"rate_limited_until,omitempty"`
 }
 
 // LastErrorPermanent reports whether the most recent failure needs a human.
@@ -44,9 +50,11 @@ func Health(ctx context.Context, db DBTX) (DeliveryHealth, error) {
 	err := db.QueryRow(ctx, `SELECT count(*), min(created_at), extract(epoch FROM now() - min(created_at))::float8,
 			min(next_attempt_at),
 			count(*) FILTER (WHERE last_error_class IS NOT NULL),
-			count(*) FILTER (WHERE last_error_class = 'permanent')
+			count(*) FILTER (WHERE last_error_class = 'permanent'),
+			min(next_attempt_at) FILTER (WHERE last_error_class = 'permanent'),
+			max(next_attempt_at) FILTER (WHERE last_error_class = 'rate_limited' AND next_attempt_at > now())
 		FROM alert_outbox WHERE status = 'pending'`).
-		Scan(&h.Pending, &h.OldestPendingAt, &age, &h.NextAttemptAt, &h.Failing, &h.Permanent)
+		Scan(&h.Pending, &h.OldestPendingAt, &age, &h.NextAttemptAt, &h.Failing, &h.Permanent, &h.NextPermanentRetryAt, &h.RateLimitedUntil)
 	if err != nil {
 		return h, fmt.Errorf("read alert delivery health: %w", err)
 	}

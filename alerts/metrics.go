@@ -14,6 +14,7 @@ type Metrics struct {
 	pendingNow   prometheus.Gauge
 	oldestAge    prometheus.Gauge
 	permanentNow prometheus.Gauge
+	nextAttempt  prometheus.Gauge
 }
 
 // NewMetrics registers the series with reg (nil: not registered). It
@@ -44,6 +45,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		permanentNow: f.NewGauge(prometheus.GaugeOpts{
 			Name: "ledgerkeeper_alerts_pending_permanent_failure",
 			Help: "Pending alerts whose last delivery failed permanently (bad token, channel, webhook).",
+		}),
+		nextAttempt: f.NewGauge(prometheus.GaugeOpts{
+			Name: "ledgerkeeper_alerts_next_attempt_timestamp_seconds",
+			Help: "When the earliest pending alert is next tried (Unix seconds), as of the last dispatcher pass (0: none pending). After a permanent failure: 1m, 2m, 4m, 8m, then every 15m by default; after a 429: its Retry-After.",
 		}),
 	}
 	// Known label values exist from the start, so rate() and absent()
@@ -76,4 +81,9 @@ func (m *Metrics) pending(h DeliveryHealth) {
 	m.pendingNow.Set(float64(h.Pending))
 	m.oldestAge.Set(h.OldestPendingAge)
 	m.permanentNow.Set(float64(h.Permanent))
+	next := 0.0
+	if h.NextAttemptAt != nil {
+		next = float64(h.NextAttemptAt.UnixNano()) / 1e9
+	}
+	m.nextAttempt.Set(next)
 }

@@ -34,25 +34,25 @@ type reasonInfo struct{ title, meaning, next string }
 var reasonInfos = map[Reason]reasonInfo{
 	ReasonDuplicate: {"Duplicate effect downstream",
 		"The probe found more than one effect for one key: the action already happened twice downstream, so idempotency was violated.",
-		"inspect the key, undo the extra effect downstream, then record the one that stands with `ledgerkeeper resolve KEY --completed`."},
+		"inspect the key, undo the extra effect downstream, then record the one that stands with the command under the key (fill in the code and body the tool returned)."},
 	ReasonDedupWindowPassed: {"Past the downstream's dedup window",
 		"The probe found no effect, but the key is older than the downstream's own dedup window: a retry could no longer be caught there, so ledgerkeeper will not mark it retryable by itself.",
-		"inspect the key, confirm downstream that the effect never happened, then `ledgerkeeper resolve KEY --retryable` (or `--completed` if it did)."},
+		"inspect the key, confirm downstream that the effect never happened, then run the `--retryable` command under the key (or the `--completed` one if it did happen)."},
 	ReasonExpiredProcessing: {"Expired while still processing",
 		"The key passed its retention (expires_at) with its outcome still unknown: purge keeps it until someone decides.",
-		"inspect the key, find its outcome downstream, then `ledgerkeeper resolve KEY --completed` or `--retryable`; purge removes it afterwards."},
+		"inspect the key, find its outcome downstream, then run one of the commands under the key; purge removes it afterwards."},
 	ReasonDownstreamUnreachable: {"Downstream unreachable",
 		"The tool's probes keep failing, so its circuit breaker opened and probing is paused: its stuck keys stay processing (retries get 409) until the downstream answers.",
-		"check the downstream and the probe's URL and credentials; probing resumes by itself when the breaker closes."},
+		"check the downstream and the probe's URL and credentials (the command under the tool probes it now); probing resumes by itself when the breaker closes."},
 	ReasonProbeUntrusted: {"Probe untrusted",
 		"The tool's probe failed its self-check: keys the ledger knows were completed did not come back found, or a key never issued did not come back not_found. Its verdicts cannot be trusted, so none of the tool's keys changes state (they stay processing; retries get 409).",
-		"run `ledgerkeeper probe check --tool TOOL` and `ledgerkeeper probe run KEY` on a sample below; fix the probe's url, match or response_body (or the downstream's credentials), deploy, and the next pass checks again."},
+		"run the self-check under the tool and `ledgerkeeper probe run` on one of its keys; fix the probe's url, match or response_body (or the downstream's credentials), deploy, and the next pass checks again."},
 	ReasonProbeFailing: {"Probe failing",
 		"The probe keeps answering unknown (error, timeout, unreadable answer) for the key, so ledgerkeeper cannot tell whether the effect happened: the key stays processing.",
-		"inspect the key, fix the probe or the downstream, then re-probe with `ledgerkeeper reconcile --key KEY`, or decide with `ledgerkeeper resolve`."},
+		"inspect the key, fix the probe or the downstream, then re-probe with the command under the key, or decide with `ledgerkeeper resolve`."},
 	ReasonNoProbe: {"No probe configured",
 		"The key is stuck and its tool has no probe, so ledgerkeeper cannot ask the downstream: a human must decide.",
-		"inspect the key, check downstream by hand, then `ledgerkeeper resolve KEY --completed` or `--retryable`; configure a probe for the tool."},
+		"inspect the key, check downstream by hand, then run one of the commands under the key; configure a probe for the tool."},
 }
 
 func infoFor(r Reason) reasonInfo {
@@ -75,6 +75,11 @@ type item struct {
 	details   Details
 	createdAt time.Time
 	attempts  int
+	// supersedes are older pending notices of the same reason and subject
+	// that this one replaces in the pass (see collapse); firedToo: one of
+	// them was a firing notice.
+	supersedes []int64
+	firedToo   bool
 }
 
 // renderer turns the items of one (kind, reason) into a message.
@@ -214,6 +219,9 @@ func (r renderer) itemText(kind Kind, it item, now time.Time) string {
 		b.WriteString("*Key* " + inline(it.key, 400) + " · *tool* " + inline(it.tool, 200))
 	}
 	if kind == KindResolved {
+		if it.firedToo {
+			b.WriteString("\n*Fired and resolved before it could be delivered:* nothing to do.")
+		}
 		if d.Resolution != "" {
 			b.WriteString("\n*Resolved:* " + escTrunc(oneLine(d.Resolution), 200))
 		}
@@ -225,7 +233,8 @@ func (r renderer) itemText(kind Kind, it item, now time.Time) string {
 		if d.Attempts > 0 {
 			facts = append(facts, fmt.Sprintf("*attempts* %d", d.Attempts))
 		}
-		if d.Verdict != "" {
+		// No probe ran for no_probe: there is no verdict to show.
+		if d.Verdict != "" && it.reason != ReasonNoProbe {
 			facts = append(facts, "*last verdict* "+escTrunc(oneLine(d.Verdict), 40))
 		}
 		if d.ExpiresAt != nil {
@@ -235,14 +244,86 @@ func (r renderer) itemText(kind Kind, it item, now time.Time) string {
 			b.WriteString("\n" + strings.Join(facts, " · "))
 		}
 		if d.LastError != "" {
-			b.WriteString("\n*Last probe error:* " + codeBlock(safetext.ClipRunes(d.LastError, maxErrorRunes), 1000))
+			// A self-check's evidence is the answers it got, not one probe's error.
+			label := "Last probe error"
+			if it.reason == ReasonProbeUntrusted {
+				label = "Self-check answers"
+			}
+			b.WriteString("\n*" + label + ":* " + codeBlock(safetext.ClipRunes(d.LastError, maxErrorRunes), 1000))
 		}
 		if d.Note != "" {
 			b.WriteString("\n*Note:* " + escTrunc(oneLine(d.Note), 250))
 		}
 	}
 	b.WriteString("\n*Inspect:* " + inspectCommand(it))
+	if kind == KindFiring {
+		if next := nextCommands(it); next != "" {
+			b.WriteString("\n*Next:* " + next)
+		}
+	}
 	return b.String()
+}
+
+// Outcome values only the operator knows. They are written so that a
+// command pasted without filling them in is refused (CODE is not a number,
+// JSON is not JSON) instead of storing an invented outcome.
+const (
+	codePlaceholder = "CODE"
+	bodyPlaceholder = "'JSON'"
+)
+
+// nextCommands is the command line(s) that act on one alert, with its real
+// key or tool, every required flag given: one per line, a shell comment
+// saying when to run each.
+func nextCommands(it item) string {
+	completed := []string{"--completed", "--code", codePlaceholder, "--body", bodyPlaceholder}
+	var lines []string
+	switch it.reason {
+	case ReasonDuplicate:
+		lines = []string{
+			"# after undoing the extra effect: the code and body the tool returned for the one that stands",
+			commandLine("resolve", it.key, append(completed, "--reason", shellQuote("extra effect undone downstream"))...),
+		}
+	case ReasonDedupWindowPassed, ReasonExpiredProcessing, ReasonNoProbe:
+		lines = []string{
+			"# the effect never happened downstream:",
+			commandLine("resolve", it.key, "--retryable", "--reason", shellQuote("checked downstream: never happened")),
+			"# it did happen: the code and body the tool returned",
+			commandLine("resolve", it.key, append(completed, "--reason", shellQuote("checked downstream: it happened"))...),
+		}
+	case ReasonProbeFailing:
+		lines = []string{commandLine("reconcile", "", "--key="+shellQuote(it.key))}
+	case ReasonDownstreamUnreachable, ReasonProbeUntrusted:
+		if it.tool == "" {
+			return ""
+		}
+		lines = []string{commandLine("probe check", "", "--tool="+shellQuote(it.tool))}
+	default:
+		return ""
+	}
+	if it.key == "" && it.reason != ReasonDownstreamUnreachable && it.reason != ReasonProbeUntrusted {
+		return ""
+	}
+	text := strings.Join(lines, "\n")
+	if utf8.RuneCountInString(escape(text)) > 890 || strings.Contains(text, "```") {
+		return "too long to quote here: find the key or tool with `ledgerkeeper status`"
+	}
+	return codeBlock(text, 900)
+}
+
+// commandLine is `ledgerkeeper SUB KEY FLAGS…`; a key that looks like a
+// flag goes last, after "--".
+func commandLine(sub, key string, flags ...string) string {
+	parts := []string{"ledgerkeeper", sub}
+	switch {
+	case key == "":
+		parts = append(parts, flags...)
+	case strings.HasPrefix(key, "-"):
+		parts = append(append(parts, flags...), "--", shellQuote(key))
+	default:
+		parts = append(append(parts, shellQuote(key)), flags...)
+	}
+	return strings.Join(parts, " ")
 }
 
 // inspectCommand is the exact command to run, the key shell-quoted.
