@@ -57,6 +57,7 @@ finished are still written.`,
 
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			daemon.RegisterBuildInfo(reg) // ledgerkeeper_build_info: which release runs (ledgerkeeper version)
 			eng, closer, err := daemon.BuildEngine(ctx, a.cfg, pool, a.registry(), replica, logger.With("component", "reconcile"), reconcile.NewMetrics(reg))
 			if err != nil {
 				return &configError{err}
