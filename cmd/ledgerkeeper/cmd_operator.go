@@ -36,6 +36,9 @@ func newInspectCmd(a *app) *cobra.Command {
 		Short: "Show a key's row, reconcile state, hold and full history",
 		Args:  args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
+			if limit < 1 {
+				return usagef("inspect: --history must be at least 1 (got %d)", limit)
+			}
 			ctx := cmd.Context()
 			pool, err := a.ledgerPool(ctx)
 			if err != nil {
@@ -52,6 +55,12 @@ func newInspectCmd(a *app) *cobra.Command {
 			}
 			if in.Judgement.Condition == operator.Purged {
 				last := in.History[len(in.History)-1]
+				if !asJSON {
+					// The trail is what is left to read: show it (no raw
+					// SQL needed), then fail as for any key not in the ledger.
+					fmt.Fprintf(a.stdout, "key %s: the row was purged after it expired (or deleted); its audit trail remains.\n", key)
+					printHistory(a, in.History)
+				}
 				return fmt.Errorf("no key %q in the ledger: purged after it expired (or deleted); its audit trail remains: %d entries, the newest %s by %s at %s",
 					key, len(in.History), last.Action, last.Actor, ts(last.CreatedAt))
 			}
@@ -81,11 +90,15 @@ func printInspection(a *app, in operator.Inspection) {
 	row("key", k.Key)
 	row("tool", k.Tool)
 	status := k.Status
-	switch j.Condition {
-	case operator.InFlight:
-		status += " (in flight: inside its window or heartbeating; the reconciler leaves it alone)"
-	case operator.Stuck:
-		status += fmt.Sprintf(" (stuck: past its window of %s)", in.Window)
+	switch {
+	case j.Held:
+		// Held keys are not stuck (status counts them apart): nothing
+		// probes them until released.
+		status += " (held: never probed, resolved or purged until 'ledgerkeeper release " + k.Key + "')"
+	case j.Condition == operator.InFlight:
+		status += fmt.Sprintf(" (in flight: inside its %s or heartbeating; the reconciler leaves it alone)", a.windowText(k.Tool, in.Window))
+	case j.Condition == operator.Stuck:
+		status += fmt.Sprintf(" (stuck: past its %s)", a.windowText(k.Tool, in.Window))
 	}
 	row("status", status)
 	row("created_at", ts(k.CreatedAt))
@@ -107,7 +120,8 @@ func printInspection(a *app, in operator.Inspection) {
 			row("last_verdict", *s.LastVerdict)
 		}
 		if s.LastError != nil {
-			row("last_error", oneLine(*s.LastError, 200))
+			// In full: the cause is what the operator came for.
+			row("last_error", causeFirst(oneLine(*s.LastError, len(*s.LastError))))
 		}
 		if s.NextProbeAt != nil {
 			row("next_probe_at", ts(*s.NextProbeAt))
@@ -123,19 +137,35 @@ func printInspection(a *app, in operator.Inspection) {
 		row("open_alert", string(o.Reason))
 	}
 	w.Flush()
-	fmt.Fprintf(a.stdout, "\nHistory (%d):\n", len(in.History))
-	if len(in.History) == 0 {
+	fmt.Fprintln(a.stdout)
+	printHistory(a, in.History)
+}
+
+// windowText says what a key's judging window is made of: "window + grace
+// of 17s: processing window 15s + grace 2s".
+func (a *app) windowText(tool string, total time.Duration) string {
+	if a.cfg == nil {
+		return fmt.Sprintf("window + grace of %s", total)
+	}
+	return fmt.Sprintf("window + grace of %s: processing window %s + grace %s", total, a.cfg.Policy(tool).ProcessingWindow, a.cfg.Reconcile.Grace.D())
+}
+
+// printHistory prints an audit trail, each entry's error first and in
+// full, then its evidence (clipped: the JSON document is in --json).
+func printHistory(a *app, hist []store.AuditEntry) {
+	fmt.Fprintf(a.stdout, "History (%d):\n", len(hist))
+	if len(hist) == 0 {
 		fmt.Fprintln(a.stdout, "  none: the reconciler has not decided anything for this key")
 		return
 	}
-	w = tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "  TIME\tACTOR\tATTEMPT\tVERDICT\tACTION\tDETAIL")
-	for _, e := range in.History {
-		detail := e.Error
+	for _, e := range hist {
+		detail := causeFirst(oneLine(e.Error, len(e.Error)))
 		if len(e.Evidence) > 0 {
-			detail = strings.TrimSpace(string(e.Evidence) + " " + detail)
+			detail = strings.TrimSpace(detail + "  evidence: " + oneLine(string(e.Evidence), 120))
 		}
-		fmt.Fprintf(w, "  %s\t%s\t%d\t%s\t%s\t%s\n", ts(e.CreatedAt), e.Actor, e.Attempt, e.Verdict, e.Action, oneLine(detail, 120))
+		fmt.Fprintf(w, "  %s\t%s\t%d\t%s\t%s\t%s\n", ts(e.CreatedAt), e.Actor, e.Attempt, e.Verdict, e.Action, detail)
 	}
 	w.Flush()
 }

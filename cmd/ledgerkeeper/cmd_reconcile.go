@@ -86,6 +86,16 @@ Safe to run while 'serve' replicas run: leases keep each key to one prober.`,
 			if rep.Actions["write_failed"] > 0 {
 				return fmt.Errorf("%d decision(s) could not be recorded (see errors above); the keys stay processing and will be retried", rep.Actions["write_failed"])
 			}
+			// A key that is not in the ledger is exit 1, as for inspect.
+			var missing []string
+			for _, s := range rep.Skipped {
+				if s.Action == "not_found_in_ledger" {
+					missing = append(missing, fmt.Sprintf("%q", s.Key))
+				}
+			}
+			if len(missing) > 0 {
+				return fmt.Errorf("--key: no key %s in the ledger (never claimed, or purged after it expired)", strings.Join(missing, ", "))
+			}
 			return nil
 		},
 	}
@@ -147,7 +157,7 @@ func printReconcile(w io.Writer, rep reconcile.Report, delivery *alerts.Report) 
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "\nTOOL\tKEY\tAGE\tATTEMPTS\tVERDICT\tACTION\tDETAIL")
 		for _, k := range rep.Keys {
-			detail := k.Error
+			detail := causeFirst(k.Error)
 			if len(k.Alerts) > 0 {
 				detail = strings.TrimSpace("alert: " + strings.Join(k.Alerts, ",") + "  " + detail)
 			}
@@ -192,6 +202,23 @@ func summarize(m map[string]int) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// causeFirst puts a probe error's cause before the request it was about:
+// "http probe GET /v1/tickets?idempotency_key=…: unexpected status 401
+// Unauthorized" becomes "unexpected status 401 Unauthorized (http probe GET
+// /v1/tickets?idempotency_key=…)", so a clipped column keeps the cause.
+func causeFirst(s string) string {
+	const pre = "http probe "
+	if !strings.HasPrefix(s, pre) {
+		return s
+	}
+	i := strings.Index(s[len(pre):], ": ")
+	if i < 0 {
+		return s
+	}
+	what, cause := s[:len(pre)+i], s[len(pre)+i+2:]
+	return cause + " (" + what + ")"
 }
 
 // oneLine folds s onto one line of at most n characters, cut between

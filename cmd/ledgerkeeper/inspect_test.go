@@ -8,8 +8,9 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 )
 
-// inspect of a key no longer in the ledger whose audit trail remains says
-// so (exit 1, as for a key never claimed), naming the trail's newest entry;
+// inspect of a key no longer in the ledger whose audit trail remains shows
+// the trail and says so (exit 1, as for a key never claimed), naming the
+// trail's newest entry;
 // a key in flight and a stuck one are told apart by the database's clock.
 func TestInspectPurgedAndJudged(t *testing.T) {
 	t.Parallel()
@@ -26,7 +27,9 @@ func TestInspectPurgedAndJudged(t *testing.T) {
 	db.Exec(t, `DELETE FROM idempotency_keys WHERE key = 'gone'`)
 
 	code, out, stderr := cli(t, "inspect", "gone", "--database-url", db.URL)
-	if code != 1 || out != "" || !strings.Contains(stderr, `no key "gone" in the ledger: purged`) ||
+	// The trail is shown (issue 10 item 6: no raw SQL needed), then exit 1.
+	if code != 1 || !strings.Contains(out, "key gone: the row was purged") || !strings.Contains(out, "History (2):") ||
+		!strings.Contains(out, "bob    0        operator  release") || !strings.Contains(stderr, `no key "gone" in the ledger: purged`) ||
 		!strings.Contains(stderr, "audit trail remains: 2 entries, the newest release by bob") {
 		t.Fatalf("inspect of a purged key: %d %q %q", code, out, stderr)
 	}
