@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,15 +38,39 @@ it gracefully: no new runs, running ones wind down, decisions whose probe
 finished are still written.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// A listen address that cannot work is a usage (or
+			// configuration) error, found before anything connects.
+			if listen != "" {
+				if err := checkListen(listen); err != nil {
+					return usagef("--listen: %v", err)
+				}
+			}
+			if err := a.load(); err != nil {
+				return err
+			}
+			if listen == "" {
+				if err := checkListen(a.cfg.HTTP.Listen); err != nil {
+					return &configError{a.cfg.ErrorAt("http.listen", "%v", err)}
+				}
+			}
 			ctx := cmd.Context()
 			pool, err := a.pool(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
+			replica := daemon.ReplicaID()
+			logger := a.logger.With("replica", replica)
 			if migrate {
-				if _, err := migrations.Up(ctx, pool, a.logger); err != nil {
+				applied, err := migrations.Up(ctx, pool, a.logger)
+				if err != nil {
 					return err
+				}
+				for _, m := range applied {
+					logger.Info("migration applied", "version", m.Version, "name", m.Name)
+				}
+				if len(applied) == 0 {
+					logger.Info("schema up to date: no migration to apply")
 				}
 			}
 			if err := checkSchema(ctx, pool); err != nil {
@@ -52,8 +79,6 @@ finished are still written.`,
 			if listen != "" {
 				a.cfg.HTTP.Listen = listen
 			}
-			replica := daemon.ReplicaID()
-			logger := a.logger.With("replica", replica)
 
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -69,6 +94,7 @@ finished are still written.`,
 				return err
 			}
 			ledgerGauges := daemon.NewLedgerMetrics(reg)
+			idleRuns := &idleRecorder{every: idleAlertsRunEvery}
 
 			d, err := daemon.New(daemon.Config{
 				Listen:     a.cfg.HTTP.Listen,
@@ -101,7 +127,9 @@ finished are still written.`,
 					{Name: "alerts", Spec: a.cfg.Schedule.Alerts, Run: func(ctx context.Context) error {
 						start := time.Now()
 						rep, err := dispatcher.RunOnce(ctx)
-						recordAlertsRun(ctx, a, pool, replica, start, rep, err)
+						if idleRuns.due(start, rep.Claimed == 0 && err == nil) {
+							recordAlertsRun(ctx, a, pool, replica, start, rep, err)
+						}
 						return err
 					}},
 					{Name: "observe", Spec: "@every 1m", Run: func(ctx context.Context) error {
@@ -127,12 +155,48 @@ finished are still written.`,
 	return cmd
 }
 
-// recordAlertsRun notes a delivery pass in ledgerkeeper_runs for `status`,
-// only when it did something or failed (not a row every 15 seconds).
-func recordAlertsRun(ctx context.Context, a *app, pool *pgxpool.Pool, actor string, start time.Time, rep alerts.Report, err error) {
-	if rep.Claimed == 0 && err == nil {
-		return
+// checkListen refuses an HTTP listen address net.Listen could never use:
+// HOST:PORT or :PORT, PORT a number from 0 to 65535 or a service name.
+func checkListen(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not HOST:PORT or :PORT (%v)", addr, err)
 	}
+	if strings.Contains(host, ":") && net.ParseIP(host) == nil {
+		return fmt.Errorf("%q: host %q is not an IP address or name", addr, host)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("%q: port %q is not a port number (0-65535) or service name", addr, port)
+	}
+	return nil
+}
+
+// idleAlertsRunEvery is how often serve records a delivery pass that had
+// nothing to deliver: `status`'s alerts run is never older than this while
+// serve runs, without a row every 15 seconds.
+const idleAlertsRunEvery = time.Minute
+
+// idleRecorder decides which delivery passes serve records: every pass
+// that delivered something or failed, and an idle one when none was
+// recorded for every.
+type idleRecorder struct {
+	every time.Duration
+	mu    sync.Mutex
+	last  time.Time
+}
+
+func (r *idleRecorder) due(now time.Time, idle bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if idle && !r.last.IsZero() && now.Sub(r.last) < r.every {
+		return false
+	}
+	r.last = now
+	return true
+}
+
+// recordAlertsRun notes a delivery pass in ledgerkeeper_runs for `status`.
+func recordAlertsRun(ctx context.Context, a *app, pool *pgxpool.Pool, actor string, start time.Time, rep alerts.Report, err error) {
 	stats, _ := json.Marshal(rep)
 	run := store.Run{Kind: "alerts", Actor: actor, StartedAt: start, Stats: stats}
 	if err != nil {
