@@ -1,12 +1,41 @@
 package doccheck
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 )
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+	buildOut  []byte
+)
+
+// binary builds cmd/ledgerkeeper once per test run.
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "doccheck")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "ledgerkeeper")
+		build := exec.Command("go", "build", "-o", binPath, "./cmd/ledgerkeeper")
+		build.Dir = filepath.Join("..", "..")
+		buildOut, buildErr = build.CombinedOutput()
+	})
+	if buildErr != nil {
+		t.Fatalf("go build ./cmd/ledgerkeeper: %v\n%s", buildErr, buildOut)
+	}
+	return binPath
+}
 
 var (
 	cmdRowRE  = regexp.MustCompile("(?m)^\\| `(ledgerkeeper [^`]+)`(?: / `([^`]+)`)?")
@@ -35,12 +64,7 @@ func TestREADMECommandTableMatchesCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "ledgerkeeper")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/ledgerkeeper")
-	build.Dir = filepath.Join("..", "..")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := binary(t)
 	rows := cmdRowRE.FindAllStringSubmatch(read(t, "README.md"), -1)
 	if len(rows) < 10 {
 		t.Fatalf("found %d command rows in README.md: has the table moved?", len(rows))
