@@ -239,6 +239,14 @@ type Options struct {
 	DryRun bool
 	// Limit bounds the keys probed in this pass (0 = no bound).
 	Limit int
+	// Stop, when closed, asks the pass to stop gracefully: it leases no
+	// more keys and starts no more probes (keys leased but not yet probing
+	// are given back), while the probes in flight run to their end and
+	// their decisions are written, for as long as ctx lives. Cancelling
+	// ctx is the hard stop: a probe still running is given back, not
+	// counted as an attempt. A stopped pass is recorded as stopped, not
+	// failed. Nil: only ctx stops the pass.
+	Stop <-chan struct{}
 }
 
 // Action names recorded in the audit trail and reports.

@@ -36,7 +36,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"tool", "action"}),
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ledgerkeeper_reconcile_passes_total",
-			Help: "Reconcile passes, by result (ok or error).",
+			Help: "Reconcile passes, by result (ok, error, including a database that cannot be reached, or stopped by a shutdown).",
 		}, []string{"result"}),
 		passDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ledgerkeeper_reconcile_pass_duration_seconds",
@@ -53,6 +53,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.probes, m.probeDuration, m.decisions, m.passes, m.passDuration, m.breakerOpens, m.lastPass)
+	for _, r := range []string{"ok", "error", "stopped"} {
+		m.passes.WithLabelValues(r) // from zero: the first failure is an increase
+	}
 	m.check = newCheckMetrics(reg)
 	return m
 }
@@ -96,6 +99,11 @@ func (m *Metrics) observePass(r Report, err error) {
 	m.passDuration.Observe(r.Duration.Seconds())
 	if err != nil {
 		m.passes.WithLabelValues("error").Inc()
+		return
+	}
+	if r.Stopped {
+		// Asked to stop: not a failure, nor a pass that got through.
+		m.passes.WithLabelValues("stopped").Inc()
 		return
 	}
 	m.passes.WithLabelValues("ok").Inc()

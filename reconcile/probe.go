@@ -29,7 +29,8 @@ func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time
 			p.e.logger.Warn("release lease", "key", l.Key.Key, "err", err)
 		}
 	}
-	if ctx.Err() != nil || t.isOpen() {
+	// A stopping pass starts no probe: the key is given back, due at once.
+	if ctx.Err() != nil || p.stopping() || t.isOpen() {
 		release()
 		return
 	}
@@ -39,6 +40,9 @@ func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time
 	case <-ctx.Done():
 		release()
 		return
+	case <-p.opts.Stop:
+		release()
+		return
 	}
 	select {
 	case p.sem <- struct{}{}:
@@ -46,9 +50,13 @@ func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time
 		<-t.sem
 		release()
 		return
+	case <-p.opts.Stop:
+		<-t.sem
+		release()
+		return
 	}
 	free := func() { <-p.sem; <-t.sem }
-	if t.isOpen() {
+	if t.isOpen() || p.stopping() {
 		free()
 		release()
 		return
@@ -78,8 +86,11 @@ func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time
 	}
 	free()
 	if ctx.Err() != nil {
-		// Cancelled mid-probe: whatever the probe said may be an artefact
-		// of the cancellation. Give the key back; a crash is not an attempt.
+		// Cancelled mid-probe (a graceful stop's grace ran out, or a hard
+		// stop): whatever the probe said may be an artefact of the
+		// cancellation. Give the key back; a crash is not an attempt. A
+		// probe that answered within a graceful stop's grace (Options.Stop
+		// closed, ctx alive) goes on to be written.
 		release()
 		return
 	}

@@ -52,6 +52,10 @@ type Report struct {
 	// OutOfTime: the pass stopped leasing keys when it reached
 	// Config.MaxDuration; what was left is due for the next pass.
 	OutOfTime bool `json:"out_of_time,omitempty"`
+	// Stopped: the pass was asked to stop (Options.Stop, or ctx
+	// cancelled) before it ran out of due keys; what was left is due for
+	// the next pass. A stop is not a failure.
+	Stopped bool `json:"stopped,omitempty"`
 	// Skipped lists --key arguments that were not reconciled, and why.
 	Skipped []KeyResult `json:"skipped,omitempty"`
 	// AlertsRaised counts alerts written to the outbox.

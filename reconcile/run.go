@@ -73,7 +73,9 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 	}
 	tools, err := p.tools(ctx)
 	if err != nil {
-		return p.report, err
+		// The database is down (or the pass was cancelled before it
+		// started): still a pass, counted and recorded like any other.
+		return p.finish(ctx, err)
 	}
 	p.decisions = make(chan probed, e.cfg.Concurrency)
 	var writers sync.WaitGroup
@@ -106,24 +108,49 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 	if len(opts.Keys) > 0 && !opts.DryRun {
 		p.explainUntouched(ctx)
 	}
-	p.report.Duration = time.Since(start)
 	sort.Slice(p.report.Keys, func(i, j int) bool {
 		a, b := p.report.Keys[i], p.report.Keys[j]
 		return a.Tool < b.Tool || (a.Tool == b.Tool && a.Key < b.Key)
 	})
 	sort.Slice(p.report.Tools, func(i, j int) bool { return p.report.Tools[i].Tool < p.report.Tools[j].Tool })
-	err = errors.Join(errs...)
+	return p.finish(ctx, errors.Join(errs...))
+}
+
+// runStats is the stats column of a reconcile run in ledgerkeeper_runs;
+// stopped comes first so that `status`, which cuts the column, shows it.
+type runStats struct {
+	Stopped      bool           `json:"stopped,omitempty"`
+	Actions      map[string]int `json:"actions"`
+	Keys         int            `json:"keys"`
+	AlertsRaised int            `json:"alerts_raised"`
+}
+
+// finish counts and records the pass. A stop (Options.Stop, or ctx
+// cancelled rather than timed out) is not a failure: the run is recorded
+// with stopped true and no error. The returned error still carries a
+// cancelled ctx's error, so a caller that was interrupted knows.
+func (p *pass) finish(ctx context.Context, err error) (Report, error) {
+	e := p.e
+	p.report.Duration = time.Since(p.report.StartedAt)
+	p.report.Stopped = p.stopping() || errors.Is(ctx.Err(), context.Canceled)
+	recErr := err
+	if p.report.Stopped && errors.Is(err, context.Canceled) {
+		recErr = nil // what the stop cut short, not a failure
+	}
+	if !p.report.Stopped && ctx.Err() != nil {
+		recErr = errors.Join(recErr, ctx.Err()) // the job's timeout
+	}
 	if ctx.Err() != nil {
 		err = errors.Join(err, ctx.Err())
 	}
 	if e.metrics != nil {
-		e.metrics.observePass(p.report, err)
+		e.metrics.observePass(p.report, recErr)
 	}
-	if !opts.DryRun {
-		stats, _ := json.Marshal(map[string]any{"actions": p.report.Actions, "keys": p.report.Decided, "alerts_raised": p.report.AlertsRaised})
-		rec := store.Run{Kind: "reconcile", Actor: e.cfg.Actor, StartedAt: start, Stats: stats}
-		if err != nil {
-			rec.Error = err.Error()
+	if !p.opts.DryRun {
+		stats, _ := json.Marshal(runStats{Stopped: p.report.Stopped, Actions: p.report.Actions, Keys: p.report.Decided, AlertsRaised: p.report.AlertsRaised})
+		rec := store.Run{Kind: "reconcile", Actor: e.cfg.Actor, StartedAt: p.report.StartedAt, Stats: stats}
+		if recErr != nil {
+			rec.Error = recErr.Error()
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 		if rerr := store.RecordRun(rctx, e.pool, rec); rerr != nil {
@@ -132,6 +159,16 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 		cancel()
 	}
 	return p.report, err
+}
+
+// stopping reports whether the pass was asked to stop leasing and probing.
+func (p *pass) stopping() bool {
+	select {
+	case <-p.opts.Stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // tools decides which tools this pass visits. With Keys, it also reports
@@ -259,7 +296,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 	var leaseErr error
 	var after store.Leased // a dry run pages without leasing
 	waitTrial := t.halfOpen
-	for ctx.Err() == nil && !t.isOpen() {
+	for ctx.Err() == nil && !p.stopping() && !t.isOpen() {
 		if time.Since(p.report.StartedAt) >= p.e.cfg.MaxDuration {
 			p.outOfTime()
 			break
@@ -286,10 +323,11 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		} else {
 			// Detached from ctx: a lease statement cancelled mid-flight may
 			// still commit, and its keys would stay leased unseen. Let it
-			// finish, then give the batch back if the pass is over.
+			// finish, then give the batch back if the pass is over or
+			// stopping.
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 			batch, leaseErr = store.LeaseDue(lctx, p.e.pool, lp)
-			if leaseErr == nil && ctx.Err() != nil && len(batch) > 0 {
+			if leaseErr == nil && (ctx.Err() != nil || p.stopping()) && len(batch) > 0 {
 				keys := make([]string, len(batch))
 				for i, l := range batch {
 					keys[i] = l.Key.Key
@@ -320,6 +358,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 			select {
 			case <-t.trialDone:
 			case <-ctx.Done():
+			case <-p.opts.Stop:
 			}
 			waitTrial = false
 		}
