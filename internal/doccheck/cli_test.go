@@ -95,3 +95,59 @@ func TestREADMECommandTableMatchesCLI(t *testing.T) {
 		}
 	}
 }
+
+var invocationRE = regexp.MustCompile("(?m)(?:`|^\\s*(?:\\$ )?)(ledgerkeeper [^`\\n|;&#)]*)")
+
+// Every `ledgerkeeper …` command line the README, the runbook and
+// deploy/README.md show names a real command and only flags it has.
+func TestDocumentedInvocationsMatchCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := binary(t)
+	helps := map[string]string{}
+	help := func(path []string) (string, error) {
+		k := strings.Join(path, " ")
+		if h, ok := helps[k]; ok {
+			return h, nil
+		}
+		out, err := exec.Command(bin, append(path, "--help")...).CombinedOutput()
+		helps[k] = string(out)
+		return string(out), err
+	}
+	n := 0
+	for _, rel := range []string{"README.md", "runbook.md", "deploy/README.md"} {
+		for _, m := range invocationRE.FindAllStringSubmatch(read(t, rel), -1) {
+			usage := strings.TrimSpace(m[1])
+			path := commandPath(usage)
+			// Trailing words that are arguments (migrate up): keep the
+			// longest prefix that is a command.
+			var h string
+			for len(path) > 0 {
+				out, err := help(path)
+				if err == nil && strings.Contains(out, "ledgerkeeper "+strings.Join(path, " ")) {
+					h = out
+					break
+				}
+				path = path[:len(path)-1]
+			}
+			if len(path) == 0 {
+				// A line starting with "ledgerkeeper" may be prose; a code
+				// span is a command.
+				if strings.HasPrefix(m[0], "`") && len(strings.Fields(usage)) > 1 && subwordRE.MatchString(strings.Fields(usage)[1]) {
+					t.Errorf("%s shows %q: no such command", rel, usage)
+				}
+				continue
+			}
+			n++
+			for _, f := range flagRE.FindAllString(usage, -1) {
+				if !regexp.MustCompile(`(?m)\s` + regexp.QuoteMeta(f) + `\b`).MatchString(h) {
+					t.Errorf("%s shows %q: `ledgerkeeper %s` has no flag %s", rel, usage, strings.Join(path, " "), f)
+				}
+			}
+		}
+	}
+	if n < 30 {
+		t.Errorf("checked only %d command lines", n)
+	}
+}
