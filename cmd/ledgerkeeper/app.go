@@ -66,12 +66,19 @@ func (a *app) load() error {
 	if path == "" {
 		cfg, err = config.Default(os.LookupEnv)
 	} else {
-		cfg, err = config.Load(path, os.LookupEnv)
+		// LoadAll keeps going after structural errors, so that one run
+		// reports them and the semantic ones together.
+		cfg, err = config.LoadAll(path, os.LookupEnv)
 	}
-	if err == nil {
+	if cfg != nil {
 		// Defaults and validation are the services' (internal/config
 		// only decodes).
-		err = daemon.Settle(cfg)
+		err = allConfigErrors(err, daemon.Settle(cfg))
+		if err != nil {
+			// Errors may quote the file's secrets: redact with its
+			// redactor (the partial configuration's, on structural errors).
+			a.early = cfg.Redactor()
+		}
 	}
 	if err != nil {
 		return &configError{err}
@@ -92,6 +99,39 @@ func (a *app) load() error {
 	}
 	a.logger = newLogger(h, cfg.Redactor())
 	return nil
+}
+
+// allConfigErrors is the file's structural errors and the semantic ones
+// found on what could be decoded, in line order. A semantic error at (or
+// under) a key that already has a structural error is left out: it is
+// only that key's zero value speaking ("must be positive" after "bad
+// duration").
+func allConfigErrors(structural, semantic error) error {
+	if structural == nil {
+		return semantic
+	}
+	var st, se config.Errors
+	if !errors.As(structural, &st) {
+		return structural
+	}
+	if semantic != nil && !errors.As(semantic, &se) {
+		return errors.Join(structural, semantic)
+	}
+	all := append(config.Errors{}, st...)
+	for _, e := range se {
+		shadowed := false
+		for _, s := range st {
+			if s.Path != "" && (e.Path == s.Path || strings.HasPrefix(e.Path, s.Path+".")) {
+				shadowed = true
+				break
+			}
+		}
+		if !shadowed {
+			all = append(all, e)
+		}
+	}
+	all.SortByLine()
+	return all
 }
 
 // newLogger is the one way a command gets a logger: every record is

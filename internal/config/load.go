@@ -94,6 +94,31 @@ func Load(path string, env LookupEnv) (*Config, error) {
 
 // Parse is Load for bytes already read; file names them in errors.
 func Parse(file string, data []byte, env LookupEnv) (*Config, error) {
+	c, err := ParseAll(file, data, env)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// LoadAll is Load that keeps going after errors in the file's structure;
+// see ParseAll.
+func LoadAll(path string, env LookupEnv) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{File: path, Msg: fmt.Sprintf("cannot read: %v", err)}
+	}
+	return ParseAll(path, data, env)
+}
+
+// ParseAll is Parse that does not stop at errors in the file's structure
+// (unknown keys, wrong types, bad durations, unreadable secret files): it
+// returns them all (Errors) together with the configuration decoded so
+// far, every key in error left at its zero value and every secret found
+// registered with its Redactor, so that the caller can run the semantic
+// checks too and report every error in one run. The configuration is nil
+// only when the file is not YAML at all.
+func ParseAll(file string, data []byte, env LookupEnv) (*Config, error) {
 	if env == nil {
 		env = os.LookupEnv
 	}
@@ -103,15 +128,22 @@ func Parse(file string, data []byte, env LookupEnv) (*Config, error) {
 	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
 		return nil, &Error{File: file, Line: yamlErrLine(err), Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
 	}
+	var errs Errors
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
 		d := &decoder{file: file, env: env, lines: c.lines, red: c.redactor}
 		d.decode(root.Content[0], reflect.ValueOf(c).Elem(), "")
-		if len(d.errs) > 0 {
-			return nil, d.errs
-		}
+		errs = append(errs, d.errs...)
 	}
 	if err := c.finish(env); err != nil {
-		return nil, err
+		var more Errors
+		if !errors.As(err, &more) {
+			return nil, err
+		}
+		errs = append(errs, more...)
+	}
+	if len(errs) > 0 {
+		errs.SortByLine()
+		return c, errs
 	}
 	return c, nil
 }
@@ -160,11 +192,21 @@ func (c *Config) finish(env LookupEnv) error {
 			t.Probe.Headers[h] = v
 		}
 	}
+	// Registered even when something else is wrong: the caller may still
+	// print errors that quote them (ParseAll).
+	c.registerSecrets()
+	if err := c.checkSchedules(); err != nil {
+		var more Errors
+		if errors.As(err, &more) {
+			errs = append(errs, more...)
+		} else {
+			return err
+		}
+	}
 	if len(errs) > 0 {
 		return errs
 	}
-	c.registerSecrets()
-	return c.checkSchedules()
+	return nil
 }
 
 // registerSecrets registers every Secret-typed setting, literal or not: a
