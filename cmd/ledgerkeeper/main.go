@@ -99,6 +99,7 @@ keys, and alerts on Slack for everything it cannot resolve.`,
 		newVersionCmd(a),
 	)
 	parentOnly(root, true)
+	strictBuiltins(root)
 	setVersionFlag(root)
 	return root
 }

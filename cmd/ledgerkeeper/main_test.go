@@ -158,6 +158,8 @@ func TestUsageAndOperationalExitCodes(t *testing.T) {
 		{[]string{"probe", "chek"}, 2, `unknown command "chek" for "ledgerkeeper probe" (did you mean check?)`},
 		{[]string{"probe"}, 2, "needs a sub-command"},
 		{[]string{"stauts"}, 2, `unknown command "stauts" for "ledgerkeeper" (did you mean status?)`},
+		{[]string{"help", "config", "chek"}, 2, `unknown command "chek" for "ledgerkeeper config" (did you mean check?)`},
+		{[]string{"completion", "zhs"}, 2, `unknown command "zhs" for "ledgerkeeper completion" (did you mean zsh?)`},
 		{[]string{"status"}, 2, "no database"},
 		{[]string{"status", "--database-url", "postgres://u:hunter2@127.0.0.1:1/x"}, 1, "cannot reach database at 127.0.0.1:1/x"},
 		{[]string{"resolve", "k", "--retryable"}, 2, "--reason is required"},

@@ -88,3 +88,27 @@ func parentOnly(cmd *cobra.Command, helpWhenBare bool) {
 		return usagef("%s needs a sub-command: %s", c.CommandPath(), strings.Join(subcommandNames(c), " or "))
 	}
 }
+
+// strictBuiltins holds cobra's own commands to the same rule: "help chek"
+// and "completion zhs" are usage errors (exit 2), not help and exit 0.
+func strictBuiltins(root *cobra.Command) {
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		switch c.Name() {
+		case "help":
+			c.Args = func(c *cobra.Command, argv []string) error {
+				found, rest, err := c.Root().Find(argv)
+				if err != nil {
+					return &usageError{err}
+				}
+				if len(rest) > 0 {
+					return unknownCommand(rest[0], found.CommandPath(), subcommandNames(found))
+				}
+				return nil
+			}
+		case "completion":
+			parentOnly(c, false)
+		}
+	}
+}
