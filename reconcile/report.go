@@ -2,6 +2,9 @@ package reconcile
 
 import (
 	"encoding/json"
+	"log/slog"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -80,4 +83,30 @@ func (p *pass) add(r KeyResult) {
 	if p.e.metrics != nil {
 		p.e.metrics.observeDecision(r.Tool, r.Action)
 	}
+}
+
+// LogAttrs are the pass's counts as slog attributes, for the one Info line
+// serve logs per pass: keys decided, actions as a group (text logs read
+// actions.completed=2, JSON logs an object; never a Go map), alerts raised
+// and resolved, duration in seconds (a float, to the millisecond), and
+// out_of_time and stopped when they happened.
+func (r Report) LogAttrs() []any {
+	actions := make([]any, 0, 2*len(r.Actions))
+	for _, a := range slices.Sorted(maps.Keys(r.Actions)) {
+		actions = append(actions, slog.Int(a, r.Actions[a]))
+	}
+	attrs := []any{
+		slog.Int("keys", r.Decided),
+		slog.Group("actions", actions...),
+		slog.Int("alerts_raised", r.AlertsRaised),
+		slog.Int("resolved_alerts", r.ResolvedAlerts),
+		slog.Float64("duration", r.Duration.Round(time.Millisecond).Seconds()),
+	}
+	if r.OutOfTime {
+		attrs = append(attrs, slog.Bool("out_of_time", true))
+	}
+	if r.Stopped {
+		attrs = append(attrs, slog.Bool("stopped", true))
+	}
+	return attrs
 }

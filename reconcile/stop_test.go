@@ -3,6 +3,8 @@ package reconcile_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,5 +126,25 @@ func TestProbeOutlivingTheGraceIsGivenBack(t *testing.T) {
 	}
 	if errText, stopped := stoppedRun(t, db); errText != nil || !stopped {
 		t.Fatalf("run recorded with error %v, stopped %v; want no error, stopped", errText, stopped)
+	}
+}
+
+// The pass's log attributes: actions flattened (text logs never print a Go
+// map), duration in seconds in JSON.
+func TestReportLogAttrs(t *testing.T) {
+	rep := reconcile.Report{Decided: 3, Actions: map[string]int{"completed": 2, "backoff": 1}, Duration: 1500 * time.Millisecond, Stopped: true}
+	var text, js strings.Builder
+	slog.New(slog.NewTextHandler(&text, nil)).Info("reconcile pass", rep.LogAttrs()...)
+	slog.New(slog.NewJSONHandler(&js, nil)).Info("reconcile pass", rep.LogAttrs()...)
+	for _, want := range []string{"keys=3", "actions.backoff=1", "actions.completed=2", "duration=1.5", "stopped=true"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text log lacks %s: %s", want, text.String())
+		}
+	}
+	if strings.Contains(text.String(), "map[") {
+		t.Errorf("text log prints a Go map: %s", text.String())
+	}
+	if !strings.Contains(js.String(), `"actions":{"backoff":1,"completed":2}`) || !strings.Contains(js.String(), `"duration":1.5`) {
+		t.Errorf("JSON log: %s", js.String())
 	}
 }

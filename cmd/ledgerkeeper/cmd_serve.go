@@ -34,8 +34,10 @@ runs reconcile passes (schedule.reconcile), purge passes (schedule.purge) and
 alert delivery (schedule.alerts), and it serves /metrics (Prometheus),
 /healthz (alive) and /readyz (database reachable, schema current) on
 http.listen. Any number of replicas may run at once. SIGTERM or SIGINT stops
-it gracefully: no new runs, running ones wind down, decisions whose probe
-finished are still written.`,
+it gracefully: no new runs; a running reconcile pass leases no more keys and
+its probes in flight get up to 30s to finish, their decisions written, the
+pass recorded as stopped (a probe still running then is given back, not
+counted as an attempt); purge and alert delivery stop at once.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// A listen address that cannot work is a usage (or
@@ -112,14 +114,7 @@ finished are still written.`,
 					return checkSchema(ctx, pool)
 				},
 				Jobs: []daemon.Job{
-					{Name: "reconcile", Spec: a.cfg.Schedule.Reconcile, Run: func(ctx context.Context) error {
-						rep, err := eng.Run(ctx, reconcile.Options{})
-						if rep.Decided > 0 || rep.OutOfTime {
-							logger.Info("reconcile pass", "keys", rep.Decided, "actions", rep.Actions, "alerts_raised", rep.AlertsRaised,
-								"duration", rep.Duration, "out_of_time", rep.OutOfTime)
-						}
-						return err
-					}},
+					daemon.ReconcileJob(a.cfg.Schedule.Reconcile, eng, logger),
 					{Name: "purge", Spec: a.cfg.Schedule.Purge, Timeout: a.cfg.Retention.MaxDuration.D() + a.cfg.Retention.MaxDuration.D()/2, Run: func(ctx context.Context) error {
 						_, err := purger.RunOnce(ctx)
 						return err

@@ -35,6 +35,23 @@ type Job struct {
 	// Run does the work. A returned error is logged and counted; the
 	// schedule goes on.
 	Run func(ctx context.Context) error
+	// WindDown: at Stop the run's ctx stays alive for up to
+	// Config.ShutdownTimeout (the grace) and the run learns of the stop
+	// from Stopping(ctx), so it can finish what it started (a reconcile
+	// pass writes the decisions of the probes in flight); ctx is cancelled
+	// when the grace runs out. Without it, Stop cancels ctx at once.
+	WindDown bool
+}
+
+type stoppingKey struct{}
+
+// Stopping returns a channel closed when the daemon is asked to stop: a
+// WindDown job starts nothing new once it is closed, and finishes what is
+// in flight while its ctx lives. Outside a daemon's job it is nil (never
+// closed).
+func Stopping(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(stoppingKey{}).(chan struct{})
+	return ch
 }
 
 // Config configures a Daemon.
@@ -48,7 +65,9 @@ type Config struct {
 	Ready func(ctx context.Context) error
 	// RunAtStart runs every job once right after Start, then on schedule.
 	RunAtStart bool
-	// ShutdownTimeout bounds Stop. Default 30s.
+	// ShutdownTimeout is the grace Stop gives running jobs (WindDown jobs
+	// keep their ctx that long) before it cancels them; Stop then waits at
+	// most hardStopWait more for them to give their work back. Default 30s.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
 }
@@ -62,12 +81,22 @@ type Daemon struct {
 	ln      net.Listener
 	metrics *jobMetrics
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	started bool
-	stopped bool
+	mu     sync.Mutex
+	cancel context.CancelFunc // jobs without WindDown: cancelled at Stop
+	// drainCancel cancels WindDown jobs when the grace runs out.
+	drainCancel context.CancelFunc
+	drainCtx    context.Context
+	stopping    chan struct{} // closed at Stop
+	wg          sync.WaitGroup
+	startRuns   sync.WaitGroup // RunAtStart runs
+	started     bool
+	stopped     bool
 }
+
+// hardStopWait bounds how long Stop waits, after cancelling the jobs still
+// running at the end of the grace, for them to give their leases back and
+// record their runs.
+const hardStopWait = 10 * time.Second
 
 // New validates the job specs and returns a daemon.
 func New(cfg Config) (*Daemon, error) {
@@ -88,6 +117,7 @@ func New(cfg Config) (*Daemon, error) {
 		if _, err := parser.Parse(j.Spec); err != nil {
 			return nil, fmt.Errorf("schedule of %s: bad cron spec %q: %w", j.Name, j.Spec, err)
 		}
+		d.metrics.init(j.Name)
 	}
 	return d, nil
 }
@@ -101,8 +131,11 @@ func (d *Daemon) Start(ctx context.Context) error {
 		return errors.New("daemon already started")
 	}
 	d.started = true
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.stopping = make(chan struct{})
+	base := context.WithValue(context.WithoutCancel(ctx), stoppingKey{}, d.stopping)
+	runCtx, cancel := context.WithCancel(base)
 	d.cancel = cancel
+	d.drainCtx, d.drainCancel = context.WithCancel(base)
 	if d.cfg.Listen != "" {
 		ln, err := net.Listen("tcp", d.cfg.Listen)
 		if err != nil {
@@ -125,17 +158,22 @@ func (d *Daemon) Start(ctx context.Context) error {
 		// recovered before it could unwind past SkipIfStillRunning, which
 		// would then never give its run token back and skip the job forever.
 		log := &cronLogger{log: d.cfg.Logger.With("job", j.Name), skipped: d.metrics.skipped.WithLabelValues(j.Name)}
-		job := cron.NewChain(cron.SkipIfStillRunning(log), cron.Recover(log)).Then(cron.FuncJob(func() { d.runJob(runCtx, j) }))
+		jobCtx := runCtx
+		if j.WindDown {
+			jobCtx = d.drainCtx
+		}
+		job := cron.NewChain(cron.SkipIfStillRunning(log), cron.Recover(log)).Then(cron.FuncJob(func() { d.runJob(jobCtx, j) }))
 		if _, err := d.cron.AddJob(j.Spec, job); err != nil {
 			cancel()
+			d.drainCancel()
 			return err
 		}
 		if d.cfg.RunAtStart {
 			// The same wrapped job as the schedule's: a tick during this
 			// run is skipped and counted like any other.
-			d.wg.Add(1)
+			d.startRuns.Add(1)
 			go func() {
-				defer d.wg.Done()
+				defer d.startRuns.Done()
 				job.Run()
 			}()
 		}
@@ -153,8 +191,11 @@ func (d *Daemon) Addr() string {
 	return d.ln.Addr().String()
 }
 
-// Stop stops scheduling, cancels running jobs, waits for them (bounded by
-// ShutdownTimeout) and shuts the listener down.
+// Stop stops scheduling and asks running jobs to stop: a job without
+// WindDown has its ctx cancelled at once; a WindDown job sees Stopping and
+// keeps its ctx for ShutdownTimeout (a reconcile pass's probes in flight
+// finish and their decisions are written), then it is cancelled and given
+// hardStopWait more to give its work back. Then the listener shuts down.
 func (d *Daemon) Stop() {
 	d.mu.Lock()
 	if !d.started || d.stopped { // before Start: nothing to stop
@@ -165,16 +206,35 @@ func (d *Daemon) Stop() {
 	d.mu.Unlock()
 
 	cronDone := d.cron.Stop() // no new runs
-	d.cancel()                // running jobs wind down (decisions in flight are still written)
-	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.ShutdownTimeout)
-	defer cancel()
+	close(d.stopping)         // WindDown jobs start nothing new
+	d.cancel()                // the others stop now
+	jobsDone := make(chan struct{})
+	go func() {
+		<-cronDone.Done()
+		d.startRuns.Wait()
+		close(jobsDone)
+	}()
+	grace := time.NewTimer(d.cfg.ShutdownTimeout)
+	defer grace.Stop()
 	select {
-	case <-cronDone.Done():
-	case <-ctx.Done():
-		d.cfg.Logger.Warn("jobs still running at shutdown deadline")
+	case <-jobsDone:
+	case <-grace.C:
+		d.cfg.Logger.Warn("jobs still running at the end of the shutdown grace: cancelling them (probes still running are given back, not counted)",
+			"shutdown_timeout", d.cfg.ShutdownTimeout)
+		d.drainCancel()
+		hard := time.NewTimer(hardStopWait)
+		defer hard.Stop()
+		select {
+		case <-jobsDone:
+		case <-hard.C:
+			d.cfg.Logger.Warn("jobs still running after being cancelled; stopping without them")
+		}
 	}
+	d.drainCancel()
 	if d.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = d.srv.Shutdown(ctx)
+		cancel()
 	}
 	d.wg.Wait()
 	d.cfg.Logger.Info("ledgerkeeper stopped")
@@ -186,7 +246,7 @@ func (d *Daemon) Stop() {
 // (the deferred record runs while the panic unwinds to Recover, which logs
 // it with its stack).
 func (d *Daemon) runJob(ctx context.Context, j Job) {
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || isClosed(Stopping(ctx)) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(j.Timeout, 10*time.Minute))
@@ -203,6 +263,9 @@ func (d *Daemon) runJob(ctx context.Context, j Job) {
 	returned = true
 	d.metrics.duration.WithLabelValues(j.Name).Observe(time.Since(start).Seconds())
 	switch {
+	case err == nil && isClosed(Stopping(ctx)):
+		// Stopped gracefully: cut short, not a success.
+		d.metrics.runs.WithLabelValues(j.Name, "cancelled").Inc()
 	case err == nil:
 		d.metrics.runs.WithLabelValues(j.Name, "ok").Inc()
 		d.metrics.lastSuccess.WithLabelValues(j.Name).SetToCurrentTime()
@@ -212,6 +275,15 @@ func (d *Daemon) runJob(ctx context.Context, j Job) {
 	default:
 		d.metrics.runs.WithLabelValues(j.Name, "error").Inc()
 		d.cfg.Logger.Error("job failed", "job", j.Name, "err", err)
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -296,4 +368,13 @@ func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
 	}
 	reg.MustRegister(m.runs, m.skipped, m.duration, m.lastSuccess)
 	return m
+}
+
+// init starts a job's counters at zero, so that a dashboard panel shows 0
+// rather than "No data" before the first skipped tick or failed run.
+func (m *jobMetrics) init(job string) {
+	m.skipped.WithLabelValues(job)
+	for _, r := range []string{"ok", "error", "cancelled"} {
+		m.runs.WithLabelValues(job, r)
+	}
 }

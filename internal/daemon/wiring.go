@@ -196,3 +196,19 @@ func ReplicaID() string {
 	}
 	return fmt.Sprintf("%s:%d", host, os.Getpid())
 }
+
+// ReconcileJob is serve's reconcile job on spec: one pass of eng per run,
+// stopped gracefully on shutdown (WindDown: no more leases, the probes in
+// flight finish within the shutdown grace and their decisions are
+// written), and one Info line "reconcile pass" per pass with its counts
+// (reconcile.Report.LogAttrs), an idle pass included, so an idle daemon
+// still shows it is working.
+func ReconcileJob(spec string, eng *reconcile.Engine, logger *slog.Logger) Job {
+	return Job{Name: "reconcile", Spec: spec, WindDown: true, Run: func(ctx context.Context) error {
+		rep, err := eng.Run(ctx, reconcile.Options{Stop: Stopping(ctx)})
+		if err == nil || rep.Stopped {
+			logger.Info("reconcile pass", rep.LogAttrs()...)
+		}
+		return err
+	}}
+}
