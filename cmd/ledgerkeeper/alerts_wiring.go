@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,12 +17,13 @@ import (
 // outbox, each pass counts a permanent failure and `ledgerkeeper status`
 // shows "no Slack configured" instead of alerts vanishing silently.
 func newDispatcher(a *app, pool *pgxpool.Pool) (*alerts.Dispatcher, error) {
-	return newDispatcherWithMetrics(a, pool, nil)
+	return newDispatcherWithMetrics(a, pool, nil, a.logger)
 }
 
-// newDispatcherWithMetrics is newDispatcher with Prometheus series, for
-// `serve` (metrics := alerts.NewMetrics(registry)).
-func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metrics) (*alerts.Dispatcher, error) {
+// newDispatcherWithMetrics is newDispatcher with Prometheus series and
+// serve's logger (with its replica), for `serve` (metrics :=
+// alerts.NewMetrics(registry)).
+func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metrics, logger *slog.Logger) (*alerts.Dispatcher, error) {
 	if err := a.load(); err != nil {
 		return nil, err
 	}
@@ -37,7 +39,7 @@ func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metric
 	})
 	switch {
 	case errors.Is(err, alerts.ErrNoSlack):
-		a.logger.Warn("no Slack configured (alerts.slack.webhook_url, or alerts.slack.token and alerts.slack.channel): alerts stay in the outbox; see 'ledgerkeeper status'")
+		logger.Warn("no Slack configured (alerts.slack.webhook_url, or alerts.slack.token and alerts.slack.channel): alerts stay in the outbox; see 'ledgerkeeper status'")
 		notifier = alerts.NotConfigured{}
 	case err != nil:
 		return nil, &configError{err}
@@ -52,5 +54,5 @@ func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metric
 		RunbookURL:        a.cfg.Alerts.RunbookURL,
 		// Probe errors in messages lose every configured secret.
 		Redactor: a.cfg.Redactor(),
-	}, notifier, a.logger.With("component", "alerts"), metrics), nil
+	}, notifier, logger.With("component", "alerts"), metrics), nil
 }

@@ -95,7 +95,7 @@ func (a *app) load() error {
 	opts := &slog.HandlerOptions{Level: level}
 	var h slog.Handler = slog.NewTextHandler(a.stderr, opts)
 	if cfg.Log.Format == "json" {
-		h = slog.NewJSONHandler(a.stderr, opts)
+		h = slog.NewJSONHandler(a.stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: durationsInSeconds})
 	}
 	a.logger = newLogger(h, cfg.Redactor())
 	return nil

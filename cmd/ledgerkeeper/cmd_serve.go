@@ -91,7 +91,7 @@ counted as an attempt); purge and alert delivery stop at once.`,
 			}
 			defer closer.Close()
 			purger := expiry.New(daemon.PurgeConfig(a.cfg, replica), pool, logger.With("component", "purge"), expiry.NewMetrics(reg))
-			dispatcher, err := newDispatcherWithMetrics(a, pool, alerts.NewMetrics(reg))
+			dispatcher, err := newDispatcherWithMetrics(a, pool, alerts.NewMetrics(reg), logger)
 			if err != nil {
 				return err
 			}

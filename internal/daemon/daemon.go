@@ -208,6 +208,8 @@ func (d *Daemon) Stop() {
 	cronDone := d.cron.Stop() // no new runs
 	close(d.stopping)         // WindDown jobs start nothing new
 	d.cancel()                // the others stop now
+	d.cfg.Logger.Info("jobs asked to stop: a reconcile pass leases no more keys, its probes in flight may finish within the grace",
+		"shutdown_timeout", d.cfg.ShutdownTimeout)
 	jobsDone := make(chan struct{})
 	go func() {
 		<-cronDone.Done()
