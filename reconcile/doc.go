@@ -39,7 +39,13 @@
 // due again at once: a crash is not a failed attempt. A pass cancelled
 // mid-probe gives its leases back without counting an attempt; a decision
 // whose probe has finished is still written (with a short, detached
-// deadline), so a graceful stop loses no evidence.
+// deadline). A graceful stop (Options.Stop closed, ctx still alive: serve's
+// shutdown grace) leases nothing more and starts no probe, gives back the
+// keys leased but not yet probing, and lets the probes in flight finish and
+// their decisions be written; cancelling ctx then gives back what still
+// runs. Either way the run is recorded as stopped (ledgerkeeper_runs: no
+// error, stats "stopped": true; reconcile_passes_total{result="stopped"}),
+// not failed.
 //
 // # Probe self-check
 //
