@@ -56,6 +56,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, c := range []FailureClass{ClassRetryable, ClassRateLimited, ClassPermanent} {
 		m.failures.WithLabelValues(string(c))
 	}
+	for _, r := range Reasons {
+		for _, k := range []Kind{KindFiring, KindResolved} {
+			m.sentMessages.WithLabelValues(string(r), string(k))
+			m.sentAlerts.WithLabelValues(string(r), string(k))
+		}
+	}
 	return m
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/exampletool"
@@ -346,14 +347,15 @@ func startFakeSlack() (*fakeSlack, error) {
 		text := ""
 		if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
 			var m struct {
-				Text string `json:"text"`
+				Text   string          `json:"text"`
+				Blocks json.RawMessage `json:"blocks"`
 			}
 			_ = json.Unmarshal(raw, &m)
-			text = m.Text
+			text = blocksOr(m.Blocks, m.Text)
 		} else {
 			r.Body = io.NopCloser(bytes.NewReader(raw))
 			_ = r.ParseForm()
-			text = r.PostForm.Get("text")
+			text = blocksOr([]byte(r.PostForm.Get("blocks")), r.PostForm.Get("text"))
 		}
 		f.mu.Lock()
 		f.got = append(f.got, text)
@@ -373,3 +375,15 @@ func (f *fakeSlack) messages() []string {
 }
 
 func (f *fakeSlack) close() { _ = f.srv.Close() }
+
+// blocksOr shows what on-call sees (the message's blocks, as text), or the
+// plain fallback when there are no blocks.
+func blocksOr(blocks []byte, fallback string) string {
+	if len(blocks) == 0 {
+		return fallback
+	}
+	if t, err := alerts.BlocksText(blocks); err == nil && t != "" {
+		return t
+	}
+	return fallback
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -262,12 +263,24 @@ func printStatus(a *app, st statusReport) {
 	if al.LastError != "" {
 		fmt.Fprintf(w, "  last delivery error (%s): %s\n", al.LastErrorClass, oneLine(al.LastError, 160))
 	}
+	if al.RateLimitedUntil != nil {
+		fmt.Fprintf(w, "  Slack rate-limited delivery: nothing is posted before %s (its Retry-After)\n", ts(*al.RateLimitedUntil))
+	}
+	if al.NextPermanentRetryAt != nil {
+		fmt.Fprintf(w, "  Slack refuses the alerts (see the error above); a running serve tries again at %s\n", ts(*al.NextPermanentRetryAt))
+	}
 	fmt.Fprintln(w, "\nLast runs:")
 	if len(st.LastRuns) == 0 {
 		fmt.Fprintln(w, "  none yet")
 	}
 	for _, r := range st.LastRuns {
 		res := "ok"
+		var stats struct {
+			Stopped bool `json:"stopped"`
+		}
+		if json.Unmarshal(r.Stats, &stats) == nil && stats.Stopped {
+			res = "stopped (graceful: decisions in flight written)"
+		}
 		if r.Error != "" {
 			res = "error: " + oneLine(r.Error, 100)
 		}
