@@ -202,6 +202,6 @@ func recordAlertsRun(ctx context.Context, a *app, pool *pgxpool.Pool, actor stri
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if rerr := store.RecordRun(rctx, pool, run); rerr != nil {
-		a.logger.Warn("record alert delivery run", "err", rerr)
+		a.logger.Warn("record alert delivery run", "replica", actor, "err", rerr)
 	}
 }
