@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -54,9 +55,37 @@ type Envelope struct {
 	OriginalResponse json.RawMessage `json:"original_response"`
 }
 
-type errorBody struct {
-	OK    bool   `json:"ok"`
-	Error string `json:"error"`
+// Problem is the body of every answer the middleware gives on its own
+// behalf (never a tool's answer, which is always in an Envelope): an RFC 9457
+// problem details object, sent as application/problem+json. Type is one of
+// the stable Problem* URIs; clients branch on Type and Status, never on
+// Title or Detail, which are for humans.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+}
+
+// ContentTypeProblem is the media type of a Problem body (RFC 9457).
+const ContentTypeProblem = "application/problem+json"
+
+// The stable problem type URIs. They identify the problem, not a page that
+// must be fetched; each is documented in the README.
+const (
+	ProblemBase              = "https://ledgerkeeper.dev/problems/"
+	ProblemKeyMissing        = ProblemBase + "idempotency-key-missing"
+	ProblemKeyTooLong        = ProblemBase + "idempotency-key-too-long"
+	ProblemKeyReused         = ProblemBase + "idempotency-key-reused"
+	ProblemKeyInFlight       = ProblemBase + "idempotency-key-in-flight"
+	ProblemBodyInvalid       = ProblemBase + "request-body-invalid"
+	ProblemBodyTooLarge      = ProblemBase + "request-body-too-large"
+	ProblemLedgerUnavailable = ProblemBase + "ledger-unavailable"
+	ProblemInternal          = ProblemBase + "internal-error"
+)
+
+func problem(w http.ResponseWriter, code int, typ, title, detail string) {
+	write(w, code, ContentTypeProblem, Problem{Type: typ, Title: title, Status: code, Detail: detail})
 }
 
 // Attempt identifies the claim a handler runs under.
@@ -91,7 +120,7 @@ func AttemptFromContext(ctx context.Context) (Attempt, bool) {
 // tool handler:
 //
 //   - no Idempotency-Key → 400; a key over 128 bytes → 400; a body that is
-//     not JSON → 400;
+//     not JSON → 400; a body over MaxRequestBytes → 413;
 //   - the key used with other arguments → 422;
 //   - the key in flight → 409 with Retry-After;
 //   - the key completed → the stored status and body in an Envelope with
@@ -101,6 +130,9 @@ func AttemptFromContext(ctx context.Context) (Attempt, bool) {
 //     idempotent_replay false. A 5xx, a panic or a crash stores nothing:
 //     the key stays processing for the reconciler, never a cached 500.
 //
+// Every answer the middleware gives on its own behalf (400, 413, 422, 409,
+// 503) is a Problem (application/problem+json, RFC 9457) with a stable type
+// URI; tool answers and replays are always an Envelope (application/json).
 // The handler writes its own JSON response (status and body) as usual.
 func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 	if cfg.DB == nil || cfg.Tool == "" {
@@ -119,25 +151,28 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 		key := r.Header.Get(HeaderIdempotencyKey)
 		switch {
 		case key == "":
-			writeJSON(w, http.StatusBadRequest, errorBody{Error: "missing Idempotency-Key header"})
+			problem(w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency-Key is missing",
+				"this operation requires an Idempotency-Key header; derive it from the durable step that makes the call (for example {workflowRunId}:{stepId}), never mint a new one per retry")
 			return
 		case len(key) > MaxKeyLength:
-			writeJSON(w, http.StatusBadRequest, errorBody{Error: "Idempotency-Key longer than 128 bytes"})
+			problem(w, http.StatusBadRequest, ProblemKeyTooLong, "Idempotency-Key is too long",
+				fmt.Sprintf("the Idempotency-Key header is %d bytes; at most %d are accepted", len(key), MaxKeyLength))
 			return
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, cfg.MaxRequestBytes))
 		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
-				writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: "request body too large"})
+				problem(w, http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large",
+					fmt.Sprintf("the request body exceeds %d bytes", cfg.MaxRequestBytes))
 				return
 			}
-			writeJSON(w, http.StatusBadRequest, errorBody{Error: "cannot read request body"})
+			problem(w, http.StatusBadRequest, ProblemBodyInvalid, "Request body unreadable", "the request body could not be read")
 			return
 		}
 		canon, err := Canonical(body)
 		if err != nil {
-			writeJSON(w, http.StatusBadRequest, errorBody{Error: "request body must be one JSON value"})
+			problem(w, http.StatusBadRequest, ProblemBodyInvalid, "Request body is not JSON", "the request body must be exactly one JSON value")
 			return
 		}
 		hash, _ := Fingerprint(canon)
@@ -146,16 +181,20 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 		})
 		if err != nil {
 			cfg.Logger.Error("claim idempotency key", "tool", cfg.Tool, "err", err)
-			writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "idempotency ledger unavailable"})
+			problem(w, http.StatusServiceUnavailable, ProblemLedgerUnavailable, "Idempotency ledger unavailable",
+				"the key could not be claimed, so the operation did not run; retry with the same Idempotency-Key")
 			return
 		}
 		switch res.Outcome {
 		case FingerprintMismatch:
-			writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: "Idempotency-Key was already used with different arguments"})
+			problem(w, http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency-Key reused with other arguments",
+				"this Idempotency-Key was first used with a different request body; the operation did not run again. A new operation needs a new key")
 			return
 		case InFlight:
-			w.Header().Set("Retry-After", strconv.Itoa(int((cfg.RetryAfter+time.Second-1)/time.Second)))
-			writeJSON(w, http.StatusConflict, errorBody{Error: "a request with this Idempotency-Key is still being processed"})
+			secs := int((cfg.RetryAfter + time.Second - 1) / time.Second)
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+			problem(w, http.StatusConflict, ProblemKeyInFlight, "Idempotency-Key in flight",
+				fmt.Sprintf("a request with this Idempotency-Key is still being processed; retry the same request after %d seconds", secs))
 			return
 		case Replay:
 			code := http.StatusOK
@@ -240,11 +279,16 @@ func orNull(b json.RawMessage) json.RawMessage {
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
+	write(w, code, "application/json", v)
+}
+
+func write(w http.ResponseWriter, code int, contentType string, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		code, b = http.StatusInternalServerError, []byte(`{"ok":false,"error":"encode response"}`)
+		code, contentType = http.StatusInternalServerError, ContentTypeProblem
+		b, _ = json.Marshal(Problem{Type: ProblemInternal, Title: "Response not encodable", Status: code, Detail: "the middleware could not encode its response"})
 	}
-	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(code)
 	_, _ = w.Write(append(b, '\n'))

@@ -122,8 +122,36 @@ type mwAnswer struct {
 	code     int
 	replayed string
 	retry    string
+	ctype    string
 	env      ledger.Envelope
 	raw      string
+}
+
+// wantProblem fails unless a is an RFC 9457 problem of type typ with status
+// code, sent as application/problem+json, and free of the success envelope.
+func wantProblem(t *testing.T, what string, a mwAnswer, code int, typ string) {
+	t.Helper()
+	if a.code != code {
+		t.Errorf("%s: code = %d, want %d (%s)", what, a.code, code, a.raw)
+		return
+	}
+	if a.ctype != ledger.ContentTypeProblem {
+		t.Errorf("%s: Content-Type = %q, want %q", what, a.ctype, ledger.ContentTypeProblem)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(a.raw), &fields); err != nil {
+		t.Fatalf("%s: body is not a JSON object: %v: %s", what, err, a.raw)
+	}
+	var p ledger.Problem
+	_ = json.Unmarshal([]byte(a.raw), &p)
+	if p.Type != typ || p.Status != code || p.Title == "" || p.Detail == "" {
+		t.Errorf("%s: problem = %+v, want type %s, status %d, a title and a detail", what, p, typ, code)
+	}
+	for _, f := range []string{"ok", "idempotent_replay", "original_response"} {
+		if _, there := fields[f]; there {
+			t.Errorf("%s: problem body carries envelope field %q: %s", what, f, a.raw)
+		}
+	}
 }
 
 // call sends one request on a fresh connection.
@@ -143,7 +171,7 @@ func (b *mwBundle) call(t *testing.T, ctx context.Context, key, body string) (mw
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
-	a := mwAnswer{code: resp.StatusCode, replayed: resp.Header.Get(ledger.HeaderReplayed), retry: resp.Header.Get("Retry-After"), raw: string(raw)}
+	a := mwAnswer{code: resp.StatusCode, replayed: resp.Header.Get(ledger.HeaderReplayed), retry: resp.Header.Get("Retry-After"), ctype: resp.Header.Get("Content-Type"), raw: string(raw)}
 	_ = json.Unmarshal(raw, &a.env)
 	return a, nil
 }
@@ -196,6 +224,14 @@ func TestMiddlewareReplaysStoredOutcome(t *testing.T) {
 	if !first.env.OK || !second.env.OK || string(first.env.OriginalResponse) != string(second.env.OriginalResponse) {
 		t.Fatalf("envelopes differ: %s / %s", first.raw, second.raw)
 	}
+	// The success envelope stays plain JSON with exactly its three fields.
+	for _, a := range []mwAnswer{first, second} {
+		var fields map[string]json.RawMessage
+		_ = json.Unmarshal([]byte(a.raw), &fields)
+		if a.ctype != "application/json" || len(fields) != 3 || fields["type"] != nil {
+			t.Fatalf("envelope %q %s, want application/json with ok, idempotent_replay, original_response", a.ctype, a.raw)
+		}
+	}
 }
 
 // Same key, other arguments: 422, and the handler does not run again.
@@ -204,9 +240,7 @@ func TestMiddlewareOtherArguments(t *testing.T) {
 	b := mwSetup(t, &mwTool{}, ledger.MiddlewareConfig{})
 	b.mustCall(t, "k", mwBody)
 	got := b.mustCall(t, "k", `{"title": "something else", "account_id": "A-1029"}`)
-	if got.code != http.StatusUnprocessableEntity {
-		t.Fatalf("code = %d %s", got.code, got.raw)
-	}
+	wantProblem(t, "other arguments", got, http.StatusUnprocessableEntity, ledger.ProblemKeyReused)
 	if n := b.tool.total(); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
 	}
@@ -222,6 +256,10 @@ func TestMiddlewareInFlightThenReplay(t *testing.T) {
 	retry := b.mustCall(t, "slow", mwBody)
 	if retry.code != http.StatusConflict || retry.retry != "3" {
 		t.Fatalf("retry = %d Retry-After %q %s, want 409 with Retry-After 3", retry.code, retry.retry, retry.raw)
+	}
+	wantProblem(t, "in flight", retry, http.StatusConflict, ledger.ProblemKeyInFlight)
+	if !strings.Contains(retry.raw, "after 3 seconds") {
+		t.Errorf("in-flight detail does not repeat Retry-After: %s", retry.raw)
 	}
 	b.tool.release()
 	var last mwAnswer
@@ -303,25 +341,22 @@ func TestMiddlewareRequestValidation(t *testing.T) {
 	cases := []struct {
 		name, key, body string
 		want            int
+		typ             string
 	}{
-		{"missing key", "", mwBody, http.StatusBadRequest},
-		{"key too long", strings.Repeat("k", 129), mwBody, http.StatusBadRequest},
-		{"not json", "k1", `title=x`, http.StatusBadRequest},
-		{"two json values", "k2", `{} {}`, http.StatusBadRequest},
+		{"missing key", "", mwBody, http.StatusBadRequest, ledger.ProblemKeyMissing},
+		{"key too long", strings.Repeat("k", 129), mwBody, http.StatusBadRequest, ledger.ProblemKeyTooLong},
+		{"not json", "k1", `title=x`, http.StatusBadRequest, ledger.ProblemBodyInvalid},
+		{"two json values", "k2", `{} {}`, http.StatusBadRequest, ledger.ProblemBodyInvalid},
 	}
 	for _, c := range cases {
-		if got := b.mustCall(t, c.key, c.body); got.code != c.want {
-			t.Errorf("%s: code = %d, want %d (%s)", c.name, got.code, c.want, got.raw)
-		}
+		wantProblem(t, c.name, b.mustCall(t, c.key, c.body), c.want, c.typ)
 	}
 	// 128 bytes is fine.
 	if got := b.mustCall(t, strings.Repeat("k", 128), mwBody); got.code != http.StatusCreated {
 		t.Errorf("128-byte key: %d %s", got.code, got.raw)
 	}
 	big := bytes.Repeat([]byte("x"), ledger.DefaultMaxRequestBytes+10)
-	if got := b.mustCall(t, "big", `{"title":"`+string(big)+`"}`); got.code != http.StatusRequestEntityTooLarge {
-		t.Errorf("big body: %d", got.code)
-	}
+	wantProblem(t, "big body", b.mustCall(t, "big", `{"title":"`+string(big)+`"}`), http.StatusRequestEntityTooLarge, ledger.ProblemBodyTooLarge)
 	if n := b.db.Count(t, "idempotency_keys"); n != 1 {
 		t.Fatalf("keys = %d, want 1 (only the valid request claims)", n)
 	}
@@ -352,10 +387,7 @@ func TestMiddlewareLedgerUnavailable(t *testing.T) {
 	t.Parallel()
 	b := mwSetup(t, &mwTool{}, ledger.MiddlewareConfig{})
 	b.db.Exec(t, `ALTER TABLE idempotency_keys RENAME TO idempotency_keys_gone`)
-	got := b.mustCall(t, "k", mwBody)
-	if got.code != http.StatusServiceUnavailable {
-		t.Fatalf("code = %d %s", got.code, got.raw)
-	}
+	wantProblem(t, "ledger gone", b.mustCall(t, "k", mwBody), http.StatusServiceUnavailable, ledger.ProblemLedgerUnavailable)
 	if n := b.tool.total(); n != 0 {
 		t.Fatalf("effects = %d, want 0", n)
 	}
