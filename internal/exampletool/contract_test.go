@@ -48,8 +48,16 @@ type answer struct {
 	code     int
 	replayed string
 	retry    string
+	ctype    string
 	env      ledger.Envelope
+	problem  ledger.Problem
 	raw      string
+}
+
+// isProblem says whether a is the middleware's RFC 9457 problem of type typ
+// with status code, sent as application/problem+json.
+func (a answer) isProblem(code int, typ string) bool {
+	return a.code == code && a.ctype == ledger.ContentTypeProblem && a.problem.Type == typ && a.problem.Status == code
 }
 
 // call sends one create_ticket request on a fresh connection.
@@ -69,8 +77,12 @@ func (b *bundle) call(t *testing.T, ctx context.Context, key, body string) (answ
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
-	a := answer{code: resp.StatusCode, replayed: resp.Header.Get("Idempotency-Replayed"), retry: resp.Header.Get("Retry-After"), raw: string(raw)}
-	_ = json.Unmarshal(raw, &a.env)
+	a := answer{code: resp.StatusCode, replayed: resp.Header.Get("Idempotency-Replayed"), retry: resp.Header.Get("Retry-After"), ctype: resp.Header.Get("Content-Type"), raw: string(raw)}
+	if a.ctype == ledger.ContentTypeProblem {
+		_ = json.Unmarshal(raw, &a.problem)
+	} else {
+		_ = json.Unmarshal(raw, &a.env)
+	}
 	return a, nil
 }
 
@@ -148,7 +160,7 @@ func TestConcurrentSameKeyOneEffect(t *testing.T) {
 			created++
 		case a.code == http.StatusCreated && a.env.IdempotentReplay:
 			replays++
-		case a.code == http.StatusConflict && a.retry != "":
+		case a.isProblem(http.StatusConflict, ledger.ProblemKeyInFlight) && a.retry != "":
 			conflicts++
 		default:
 			t.Errorf("unexpected answer %d %s", a.code, a.raw)
@@ -205,7 +217,7 @@ func TestCrashAfterEffectLeavesProcessing(t *testing.T) {
 		t.Fatalf("request body not stored for probes: %+v", k)
 	}
 	retry := b.mustCall(t, "crash", body)
-	if retry.code != http.StatusConflict {
+	if !retry.isProblem(http.StatusConflict, ledger.ProblemKeyInFlight) || retry.retry == "" {
 		t.Fatalf("retry = %d %s", retry.code, retry.raw)
 	}
 	if n := b.tickets(t); n != 1 {
@@ -238,5 +250,27 @@ func TestCachingRule(t *testing.T) {
 	k, _ = ledger.Get(context.Background(), b.db.Pool, "five")
 	if k.Status != ledger.StatusProcessing || k.ResponseCode != nil {
 		t.Fatalf("5xx row = %+v, want processing without outcome", k)
+	}
+}
+
+// The draft's two refusals, counted at the sink: no key → a 400 problem and
+// no ticket; the key reused with other arguments → a 422 problem and still
+// exactly one ticket.
+func TestRefusalsAreProblems(t *testing.T) {
+	t.Parallel()
+	b := setup(t, exampletool.Config{})
+	if a := b.mustCall(t, "", body); !a.isProblem(http.StatusBadRequest, ledger.ProblemKeyMissing) {
+		t.Fatalf("missing key = %d %q %s, want a 400 %s problem", a.code, a.ctype, a.raw, ledger.ProblemKeyMissing)
+	}
+	if n := b.tickets(t); n != 0 {
+		t.Fatalf("tickets = %d after a request without a key, want 0", n)
+	}
+	b.mustCall(t, "k", body)
+	other := b.mustCall(t, "k", `{"title": "Something else", "account_id": "A-1"}`)
+	if !other.isProblem(http.StatusUnprocessableEntity, ledger.ProblemKeyReused) {
+		t.Fatalf("other arguments = %d %q %s, want a 422 %s problem", other.code, other.ctype, other.raw, ledger.ProblemKeyReused)
+	}
+	if n := b.tickets(t); n != 1 {
+		t.Fatalf("tickets = %d, want exactly 1", n)
 	}
 }
