@@ -1,0 +1,269 @@
+package mcpkey
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+)
+
+// MetaKey is the _meta field of tools/call that carries the idempotency key
+// (the name SEP-3182 proposed).
+const MetaKey = "idempotencyKey"
+
+// MetaReplay is the _meta field set to true on a replayed result.
+const MetaReplay = "ledgerkeeper/idempotentReplay"
+
+// MetaRetryAfter is the _meta field of the in-flight tool error: the number
+// of seconds to wait before retrying.
+const MetaRetryAfter = "ledgerkeeper/retryAfterSeconds"
+
+// completeTimeout bounds storing the outcome once the client may be gone.
+const completeTimeout = 10 * time.Second
+
+// Config configures Wrap for one tool.
+type Config struct {
+	// DB is the ledger's pool. Required.
+	DB ledger.DBTX
+	// Tool is the tool name stored in idempotency_keys.tool (the name the
+	// reconciler's tools config knows). Default: the MCP tool name.
+	Tool string
+	// TTL sets expires_at = claim time + TTL. Default ledger.DefaultTTL.
+	TTL time.Duration
+	// RetryAfter is the wait the in-flight answer asks for. Default
+	// ledger.DefaultRetryAfter.
+	RetryAfter time.Duration
+	// AllowMissingKey lets a call without a key run the handler with no
+	// ledger row (no protection at all). Default false: a call without a
+	// key is refused, because an unkeyed retry of a side-effecting tool is
+	// exactly the duplicate the contract exists to prevent. Set it only for
+	// tools without side effects.
+	AllowMissingKey bool
+	// HeartbeatInterval, when > 0, heartbeats the key while the handler
+	// runs. Keep it well under the tool's heartbeat_timeout.
+	HeartbeatInterval time.Duration
+	// Logger receives errors the client cannot see. Default: discard.
+	Logger *slog.Logger
+}
+
+// Attempt identifies the claim a handler runs under.
+type Attempt struct {
+	Key       string
+	Tool      string
+	ClaimedAt time.Time
+	db        ledger.DBTX
+}
+
+// Heartbeat says the attempt is still working (see ledger.Heartbeat).
+func (a Attempt) Heartbeat(ctx context.Context) error {
+	return ledger.Heartbeat(ctx, a.db, a.Key, a.ClaimedAt)
+}
+
+// Abandon marks the attempt failed_retryable (see ledger.Abandon): call it
+// only when the handler knows the effect did not happen, e.g. before
+// returning a tool error for arguments it refused.
+func (a Attempt) Abandon(ctx context.Context) error {
+	return ledger.Abandon(ctx, a.db, a.Key, a.ClaimedAt)
+}
+
+type attemptKey struct{}
+
+// AttemptFromContext returns the attempt Wrap claimed for this call.
+func AttemptFromContext(ctx context.Context) (Attempt, bool) {
+	a, ok := ctx.Value(attemptKey{}).(Attempt)
+	return a, ok
+}
+
+// AddTool adds tool t to s with handler h behind Wrap.
+func AddTool(s *mcp.Server, t *mcp.Tool, cfg Config, h mcp.ToolHandler) {
+	s.AddTool(t, Wrap(cfg, h))
+}
+
+// Wrap applies the idempotency contract to a tools/call handler. See the
+// package documentation for each answer.
+func Wrap(cfg Config, next mcp.ToolHandler) mcp.ToolHandler {
+	if cfg.DB == nil || next == nil {
+		panic("mcpkey: Wrap needs DB and a handler")
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = ledger.DefaultRetryAfter
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		key, err := keyOf(req)
+		if err != nil {
+			return nil, invalidParams(err.Error())
+		}
+		if key == "" {
+			if cfg.AllowMissingKey {
+				return next(ctx, req)
+			}
+			return nil, invalidParams("missing idempotency key: set _meta." + MetaKey +
+				" (or the " + ledger.HeaderIdempotencyKey + " header) from the orchestrator's durable step; a key in the arguments is ignored")
+		}
+		tool := cfg.Tool
+		if tool == "" {
+			tool = req.Params.Name
+		}
+		canon, err := requestOf(req.Params.Name, req.Params.Arguments)
+		if err != nil {
+			return nil, invalidParams("arguments must be one JSON value")
+		}
+		hash, _ := ledger.Fingerprint(canon)
+		res, err := ledger.Claim(ctx, cfg.DB, ledger.ClaimParams{
+			Key: key, Tool: tool, RequestHash: hash, RequestBody: canon, TTL: cfg.TTL,
+		})
+		if err != nil {
+			cfg.Logger.Error("claim idempotency key", "tool", tool, "err", err)
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "idempotency ledger unavailable"}
+		}
+		switch res.Outcome {
+		case ledger.FingerprintMismatch:
+			return nil, invalidParams("idempotency key was already used with different arguments")
+		case ledger.InFlight:
+			secs := int((cfg.RetryAfter + time.Second - 1) / time.Second)
+			return &mcp.CallToolResult{
+				Meta:    mcp.Meta{MetaRetryAfter: secs},
+				Content: []mcp.Content{&mcp.TextContent{Text: "a call with this idempotency key is still being processed; retry after " + strconv.Itoa(secs) + " seconds with the same key"}},
+				IsError: true,
+			}, nil
+		case ledger.Replay:
+			return replay(res.Row.ResponseBody)
+		}
+
+		attempt := Attempt{Key: key, Tool: tool, ClaimedAt: res.Row.ClaimedAt, db: cfg.DB}
+		hctx := context.WithValue(ctx, attemptKey{}, attempt)
+		stopBeat := startHeartbeat(context.WithoutCancel(ctx), cfg, attempt)
+		out, herr, panicked := run(hctx, next, req)
+		stopBeat()
+		switch {
+		case panicked != nil:
+			cfg.Logger.Error("tool handler panicked; key left processing", "tool", tool, "panic", fmt.Sprint(panicked))
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "tool failed; its outcome is unknown and the key stays processing until it is reconciled"}
+		case herr != nil || out == nil || out.IsError:
+			// A protocol error or a tool error result cannot be told
+			// from a technical failure after the effect: nothing is
+			// stored, the key stays processing for the reconciler (or
+			// the handler called Attempt.Abandon).
+			return out, herr
+		}
+		body, err := json.Marshal(out)
+		if err != nil {
+			cfg.Logger.Error("encode tool result; key left processing", "tool", tool, "err", err)
+			return out, nil
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeTimeout)
+		err = ledger.Complete(sctx, cfg.DB, key, attempt.ClaimedAt, 200, body)
+		cancel()
+		if err != nil {
+			// The effect happened but its record did not: the key stays
+			// processing and the reconciler's probe will find it.
+			cfg.Logger.Error("store tool outcome", "tool", tool, "err", err)
+		}
+		return out, nil
+	}
+}
+
+// keyOf reads the key from _meta, else from the HTTP header; never from the
+// arguments.
+func keyOf(req *mcp.CallToolRequest) (string, error) {
+	var key string
+	if v, ok := req.Params.Meta[MetaKey]; ok {
+		s, isString := v.(string)
+		if !isString {
+			return "", fmt.Errorf("_meta.%s must be a string", MetaKey)
+		}
+		key = s
+	}
+	if req.Extra != nil && req.Extra.Header != nil {
+		if h := req.Extra.Header.Get(ledger.HeaderIdempotencyKey); h != "" {
+			if key != "" && key != h {
+				return "", fmt.Errorf("_meta.%s and the %s header differ", MetaKey, ledger.HeaderIdempotencyKey)
+			}
+			key = h
+		}
+	}
+	if len(key) > ledger.MaxKeyLength {
+		return "", fmt.Errorf("idempotency key longer than %d bytes", ledger.MaxKeyLength)
+	}
+	return key, nil
+}
+
+// requestOf is the canonical JSON of {tool name, arguments}: the request_body
+// and, hashed, the request_hash.
+func requestOf(name string, args json.RawMessage) ([]byte, error) {
+	a, err := ledger.Canonical(args)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(struct {
+		Tool      string          `json:"tool"`
+		Arguments json.RawMessage `json:"arguments"`
+	}{name, a})
+	if err != nil {
+		return nil, err
+	}
+	return ledger.Canonical(b)
+}
+
+func replay(stored json.RawMessage) (*mcp.CallToolResult, error) {
+	var out mcp.CallToolResult
+	if err := json.Unmarshal(stored, &out); err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "the stored result of this idempotency key cannot be replayed"}
+	}
+	if out.Meta == nil {
+		out.Meta = mcp.Meta{}
+	}
+	out.Meta[MetaReplay] = true
+	return &out, nil
+}
+
+func run(ctx context.Context, next mcp.ToolHandler, req *mcp.CallToolRequest) (out *mcp.CallToolResult, err error, panicked any) {
+	defer func() {
+		// The SDK does not recover handler panics (one would end the
+		// server); the effect may have happened, so the key is left
+		// processing and the call fails.
+		if p := recover(); p != nil {
+			panicked = p
+		}
+	}()
+	out, err = next(ctx, req)
+	return out, err, nil
+}
+
+func invalidParams(msg string) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: msg}
+}
+
+func startHeartbeat(ctx context.Context, cfg Config, a Attempt) func() {
+	if cfg.HeartbeatInterval <= 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := a.Heartbeat(ctx); err != nil && ctx.Err() == nil {
+					cfg.Logger.Warn("heartbeat", "tool", a.Tool, "err", err)
+				}
+			}
+		}
+	})
+	return func() { cancel(); wg.Wait() }
+}

@@ -1,0 +1,301 @@
+package mcpkey_test
+
+// The MCP binding end to end: the SDK's own client over the streamable HTTP
+// transport against an httptest server, on a real PostgreSQL ledger. Effects
+// are counted at the tool's sink (an in-memory counter per key).
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"sync"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/mcpkey"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// sink is the tool behind the middleware: one effect per run, counted per
+// key (or under "" for unkeyed runs).
+type sink struct {
+	hold        chan struct{} // when set, each run waits after its effect
+	holdOnce    sync.Once
+	afterEffect func() // when set, runs after the effect (tests panic here)
+
+	mu      sync.Mutex
+	effects map[string]int
+}
+
+func (s *sink) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	a, _ := mcpkey.AttemptFromContext(ctx)
+	s.mu.Lock()
+	s.effects[a.Key]++
+	n := s.effects[a.Key]
+	s.mu.Unlock()
+	if s.afterEffect != nil {
+		s.afterEffect()
+	}
+	if s.hold != nil {
+		<-s.hold
+	}
+	return &mcp.CallToolResult{
+		Content:           []mcp.Content{&mcp.TextContent{Text: "ticket created"}},
+		StructuredContent: map[string]any{"ticket": n, "arguments": json.RawMessage(req.Params.Arguments)},
+	}, nil
+}
+
+func (s *sink) release() { s.holdOnce.Do(func() { close(s.hold) }) }
+
+func (s *sink) of(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.effects[key]
+}
+
+type bundle struct {
+	db   *pgtest.DB
+	srv  *httptest.Server
+	sink *sink
+}
+
+var objectSchema = map[string]any{"type": "object"}
+
+// setup serves create_ticket (keyed, ledger tool name "tickets") and lookup
+// (AllowMissingKey) over streamable HTTP.
+func setup(t *testing.T, s *sink) *bundle {
+	t.Helper()
+	db := pgtest.New(t)
+	s.effects = map[string]int{}
+	server := mcp.NewServer(&mcp.Implementation{Name: "tickets", Version: "test"}, nil)
+	mcpkey.AddTool(server, &mcp.Tool{Name: "create_ticket", InputSchema: objectSchema},
+		mcpkey.Config{DB: db.Pool, Tool: "tickets"}, s.handle)
+	mcpkey.AddTool(server, &mcp.Tool{Name: "lookup", InputSchema: objectSchema},
+		mcpkey.Config{DB: db.Pool, AllowMissingKey: true}, s.handle)
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil))
+	t.Cleanup(srv.Close)
+	if s.hold != nil {
+		t.Cleanup(s.release) // before srv.Close, which waits for the handlers
+	}
+	return &bundle{db: db, srv: srv, sink: s}
+}
+
+// headerTransport adds an Idempotency-Key header to every HTTP request.
+type headerTransport struct{ key string }
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(ledger.HeaderIdempotencyKey, h.key)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// connect opens a client session; headerKey, when set, is sent as the
+// Idempotency-Key header on every HTTP request.
+func (b *bundle) connect(t *testing.T, headerKey string) *mcp.ClientSession {
+	t.Helper()
+	tr := &mcp.StreamableClientTransport{Endpoint: b.srv.URL, DisableStandaloneSSE: true}
+	if headerKey != "" {
+		tr.HTTPClient = &http.Client{Transport: headerTransport{headerKey}}
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "orchestrator", Version: "test"}, nil)
+	cs, err := client.Connect(context.Background(), tr, nil)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
+func call(cs *mcp.ClientSession, tool, key string, args any) (*mcp.CallToolResult, error) {
+	p := &mcp.CallToolParams{Name: tool, Arguments: args}
+	if key != "" {
+		p.Meta = mcp.Meta{mcpkey.MetaKey: key}
+	}
+	return cs.CallTool(context.Background(), p)
+}
+
+func mustCall(t *testing.T, cs *mcp.ClientSession, key string, args any) *mcp.CallToolResult {
+	t.Helper()
+	res, err := call(cs, "create_ticket", key, args)
+	if err != nil {
+		t.Fatalf("call with key %q: %v", key, err)
+	}
+	return res
+}
+
+func wantCode(t *testing.T, err error, code int64, what string) {
+	t.Helper()
+	var rpcErr *jsonrpc.Error
+	if !errors.As(err, &rpcErr) || rpcErr.Code != code {
+		t.Fatalf("%s: want JSON-RPC error %d, got %v", what, code, err)
+	}
+}
+
+func row(t *testing.T, db *pgtest.DB, key string) ledger.Key {
+	t.Helper()
+	k, err := ledger.Get(context.Background(), db.Pool, key)
+	if err != nil {
+		t.Fatalf("row %q: %v", key, err)
+	}
+	return k
+}
+
+var args = map[string]any{"title": "SSO broken", "account_id": "A-1029"}
+
+// Same key twice: one effect; the second answer is the first's result
+// (structured content included) with the replay marker.
+func TestSameKeyTwiceReplays(t *testing.T) {
+	b := setup(t, &sink{})
+	cs := b.connect(t, "")
+	first := mustCall(t, cs, "k-1", args)
+	second := mustCall(t, cs, "k-1", args)
+	if n := b.sink.of("k-1"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+	if first.Meta[mcpkey.MetaReplay] != nil {
+		t.Fatalf("first answer marked as a replay: %v", first.Meta)
+	}
+	if second.Meta[mcpkey.MetaReplay] != true {
+		t.Fatalf("second answer lacks the replay marker: %v", second.Meta)
+	}
+	delete(second.Meta, mcpkey.MetaReplay)
+	if len(second.Meta) == 0 {
+		second.Meta = nil
+	}
+	if !reflect.DeepEqual(first, second) {
+		t.Fatalf("replay differs:\nfirst  %+v\nsecond %+v", first, second)
+	}
+	if sc, _ := second.StructuredContent.(map[string]any); sc["ticket"] != float64(1) {
+		t.Fatalf("structured content not replayed: %v", second.StructuredContent)
+	}
+	k := row(t, b.db, "k-1")
+	if k.Status != ledger.StatusCompleted || k.Tool != "tickets" || k.ResponseCode == nil || *k.ResponseCode != 200 {
+		t.Fatalf("row = status %s tool %s code %v, want completed tickets 200", k.Status, k.Tool, k.ResponseCode)
+	}
+}
+
+// 50 concurrent calls with one key: exactly one effect; the 49 others are
+// told to retry, and the retry after completion replays.
+func TestConcurrentCallsOneEffect(t *testing.T) {
+	b := setup(t, &sink{hold: make(chan struct{})})
+	cs := b.connect(t, "")
+	const n = 50
+	type answer struct {
+		res *mcp.CallToolResult
+		err error
+	}
+	answers := make(chan answer, n)
+	for range n {
+		go func() {
+			res, err := call(cs, "create_ticket", "k-c", args)
+			answers <- answer{res, err}
+		}()
+	}
+	// The one run holds until the 49 others have answered.
+	for i := range n - 1 {
+		a := testwait.Recv(t, answers, testwait.Timeout)
+		if a.err != nil || !a.res.IsError || a.res.Meta[mcpkey.MetaRetryAfter] == nil {
+			t.Fatalf("answer %d: want an in-flight tool error with %s, got %+v, %v", i, mcpkey.MetaRetryAfter, a.res, a.err)
+		}
+	}
+	b.sink.release()
+	if a := testwait.Recv(t, answers, testwait.Timeout); a.err != nil || a.res.IsError {
+		t.Fatalf("the owning call: %+v, %v", a.res, a.err)
+	}
+	if got := b.sink.of("k-c"); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+	if res := mustCall(t, cs, "k-c", args); res.Meta[mcpkey.MetaReplay] != true {
+		t.Fatalf("retry after completion: want a replay, got %+v", res)
+	}
+}
+
+// The key from the Idempotency-Key header works like _meta.
+func TestKeyFromHeader(t *testing.T) {
+	b := setup(t, &sink{})
+	cs := b.connect(t, "k-h")
+	mustCall(t, cs, "", args)
+	if res := mustCall(t, cs, "", args); res.Meta[mcpkey.MetaReplay] != true {
+		t.Fatalf("second call: want a replay, got %+v", res)
+	}
+	if got := b.sink.of("k-h"); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+	// _meta and header disagreeing is refused.
+	_, err := call(cs, "create_ticket", "other", args)
+	wantCode(t, err, jsonrpc.CodeInvalidParams, "_meta and header differ")
+}
+
+// A key in the model-controlled arguments is ignored: the call is refused
+// as keyless, nothing runs, no row is written.
+func TestKeyInArgumentsIgnored(t *testing.T) {
+	b := setup(t, &sink{})
+	cs := b.connect(t, "")
+	_, err := call(cs, "create_ticket", "", map[string]any{"idempotencyKey": "k-a", "title": "x"})
+	wantCode(t, err, jsonrpc.CodeInvalidParams, "key only in the arguments")
+	if got := b.sink.of("k-a") + b.sink.of(""); got != 0 {
+		t.Fatalf("effects = %d, want 0", got)
+	}
+	if n := b.db.Count(t, "idempotency_keys"); n != 0 {
+		t.Fatalf("rows = %d, want 0", n)
+	}
+}
+
+// A tool configured with AllowMissingKey runs without a key and writes no
+// row.
+func TestAllowMissingKey(t *testing.T) {
+	b := setup(t, &sink{})
+	cs := b.connect(t, "")
+	if _, err := call(cs, "lookup", "", args); err != nil {
+		t.Fatalf("lookup without key: %v", err)
+	}
+	if got := b.sink.of(""); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+	if n := b.db.Count(t, "idempotency_keys"); n != 0 {
+		t.Fatalf("rows = %d, want 0", n)
+	}
+}
+
+// The key with other arguments: invalid params, still one effect.
+func TestOtherArgumentsInvalidParams(t *testing.T) {
+	b := setup(t, &sink{})
+	cs := b.connect(t, "")
+	mustCall(t, cs, "k-o", args)
+	_, err := call(cs, "create_ticket", "k-o", map[string]any{"title": "other"})
+	wantCode(t, err, jsonrpc.CodeInvalidParams, "other arguments")
+	// The same arguments under another tool name are other arguments too.
+	_, err = call(cs, "lookup", "k-o", args)
+	wantCode(t, err, jsonrpc.CodeInvalidParams, "other tool")
+	if got := b.sink.of("k-o"); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+}
+
+// A handler that panics after its effect leaves the key processing (the
+// reconciler's probe resolves it); the retry is told to wait, never re-run.
+func TestPanicLeavesProcessing(t *testing.T) {
+	b := setup(t, &sink{afterEffect: func() { panic("downstream timeout after the charge") }})
+	cs := b.connect(t, "")
+	_, err := call(cs, "create_ticket", "k-p", args)
+	wantCode(t, err, jsonrpc.CodeInternalError, "panicking handler")
+	if k := row(t, b.db, "k-p"); k.Status != ledger.StatusProcessing || k.ResponseBody != nil {
+		t.Fatalf("row = %s %s, want processing without a response", k.Status, k.ResponseBody)
+	}
+	res := mustCall(t, cs, "k-p", args)
+	if !res.IsError || res.Meta[mcpkey.MetaRetryAfter] == nil {
+		t.Fatalf("retry: want an in-flight tool error, got %+v", res)
+	}
+	if got := b.sink.of("k-p"); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+}
