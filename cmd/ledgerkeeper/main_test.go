@@ -392,6 +392,9 @@ func TestDemo(t *testing.T) {
 	for _, want := range []string{
 		"1 completed, 1 marked retryable, 1 duplicate alerted, 1 no probe",
 		`"idempotent_replay":true`,
+		// The middleware's refusals are RFC 9457 problems with stable types.
+		`wf-1 other body   -> 422 {"type":"https://ledgerkeeper.dev/problems/idempotency-key-reused"`,
+		`wf-2 retry        -> 409 {"type":"https://ledgerkeeper.dev/problems/idempotency-key-in-flight"`,
 		"2 message(s) posted",
 		"tickets in the sink: 5",
 		"probe self-check of create_ticket, before any of its keys changed (by hand: 'ledgerkeeper probe check'): trusted: the made-up key came back not_found; 1 of 1 completed keys came back found with their stored values",
