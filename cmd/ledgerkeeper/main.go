@@ -95,6 +95,7 @@ keys, and alerts on Slack for everything it cannot resolve.`,
 		newStatusCmd(a),
 		newDemoCmd(a),
 		newProbeCmd(a),
+		newConformanceCmd(a),
 		newServeCmd(a),
 		newVersionCmd(a),
 	)

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/exampletool"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+)
+
+// conformanceServer starts the example tool server on a real database; with
+// ignoreArgs its POST hands the middleware each key's first arguments, a
+// server that ignores the fingerprint.
+func conformanceServer(t *testing.T, ignoreArgs bool) (*httptest.Server, *pgtest.DB) {
+	t.Helper()
+	db := pgtest.New(t)
+	tool := exampletool.New(exampletool.Config{Ledger: db.Pool, Sink: db.Pool})
+	if err := tool.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h := tool.Handler()
+	if ignoreArgs {
+		real := h
+		var mu sync.Mutex
+		first := map[string][]byte{}
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				b, _ := io.ReadAll(r.Body)
+				mu.Lock()
+				if f, ok := first[r.Header.Get("Idempotency-Key")]; ok && r.Header.Get("Idempotency-Key") != "" {
+					b = f
+				} else {
+					first[r.Header.Get("Idempotency-Key")] = b
+				}
+				mu.Unlock()
+				r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+			}
+			real.ServeHTTP(w, r)
+		})
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	t.Setenv("TOOL_URL", srv.URL)
+	t.Setenv("SLACK_API_URL", "http://127.0.0.1:1/api/")
+	return srv, db
+}
+
+const conformanceBody = `{"title":"Printer on fire","account_id":"A-7"}`
+
+// `conformance` on the demo's configuration passes the example tool server:
+// exit 0, one line per assertion, keys under the prefix, one ticket each.
+func TestConformancePassesExampleTool(t *testing.T) {
+	srv, db := conformanceServer(t, false)
+	cfg := writeFile(t, "demo.yaml", string(demoConfig))
+	code, out, stderr := cli(t, "conformance", srv.URL+"/tools/create_ticket", "--tool", "create_ticket", "--config", cfg,
+		"--body", conformanceBody, "--key-prefix", "ci-1:")
+	if code != 0 || strings.Contains(out, "FAIL ") || !strings.Contains(out, "PASS concurrent/exactly one effect: verdict found") ||
+		!strings.Contains(out, "SKIP client-deadline/") || !strings.Contains(out, "--slow-body") {
+		t.Fatalf("conformance: %d\n%s\n%s", code, out, stderr)
+	}
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM tickets WHERE idempotency_key LIKE 'ci-1:%'`).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("tickets under the prefix = %d (%v), want 3 (same-key-twice, other-arguments, concurrent)", n, err)
+	}
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE key LIKE 'ci-1:%'`).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("keys under the prefix = %d (%v), want 3", n, err)
+	}
+	t.Logf("conformance on the example tool:\n%s", out)
+}
+
+// A server that ignores the fingerprint: exit 1, the failed assertion named;
+// --json is one document saying the same.
+func TestConformanceFailsNamingTheAssertion(t *testing.T) {
+	srv, _ := conformanceServer(t, true)
+	cfg := writeFile(t, "demo.yaml", string(demoConfig))
+	code, out, stderr := cli(t, "conformance", srv.URL+"/tools/create_ticket", "--tool", "create_ticket", "--config", cfg,
+		"--body", conformanceBody, "--concurrency", "5", "--json")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\n%s\n%s", code, out, stderr)
+	}
+	var rep struct {
+		KeyPrefix  string `json:"key_prefix"`
+		Failed     int    `json:"failed"`
+		Assertions []struct{ Status, Name, Seen string }
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not one JSON document: %v\n%s", err, out)
+	}
+	if rep.Failed != 1 || !strings.HasPrefix(rep.KeyPrefix, "conformance-") {
+		t.Fatalf("report: %+v", rep)
+	}
+	for _, a := range rep.Assertions {
+		if a.Status == "FAIL" && (a.Name != "other-arguments/the key with other arguments gets 422" || !strings.Contains(a.Seen, "201 replay")) {
+			t.Errorf("unexpected failure %+v", a)
+		}
+	}
+}
+
+// Usage mistakes exit 2 before anything is sent.
+func TestConformanceUsage(t *testing.T) {
+	srv, db := conformanceServer(t, false)
+	cfg := writeFile(t, "demo.yaml", string(demoConfig))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"conformance", srv.URL, "--body", conformanceBody}, "--tool is required"},
+		{[]string{"conformance", srv.URL, "--tool", "create_ticket", "--body", "{nope"}, "--body must be a valid JSON"},
+		{[]string{"conformance", srv.URL, "--tool", "charge_card", "--body", conformanceBody}, `unknown tool "charge_card"`},
+		{[]string{"conformance", "ftp://x", "--tool", "create_ticket", "--body", conformanceBody}, "not an http(s) URL"},
+		{[]string{"conformance", srv.URL, "--tool", "create_ticket", "--body", `[1]`}, "--other-body"},
+	} {
+		code, out, stderr := cli(t, append(c.args, "--config", cfg)...)
+		if code != 2 || !strings.Contains(stderr, c.want) {
+			t.Errorf("%v: exit %d, want 2 with %q\n%s\n%s", c.args, code, c.want, out, stderr)
+		}
+	}
+	if n := db.Count(t, "tickets"); n != 0 {
+		t.Fatalf("a usage error sent requests: %d tickets", n)
+	}
+}
