@@ -31,6 +31,7 @@ type sink struct {
 	hold        chan struct{} // when set, each run waits after its effect
 	holdOnce    sync.Once
 	afterEffect func() // when set, runs after the effect (tests panic here)
+	toolError   bool   // when set, each run answers a tool error after its effect
 
 	mu      sync.Mutex
 	effects map[string]int
@@ -47,6 +48,9 @@ func (s *sink) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 	}
 	if s.hold != nil {
 		<-s.hold
+	}
+	if s.toolError {
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "payment gateway timed out"}}}, nil
 	}
 	return &mcp.CallToolResult{
 		Content:           []mcp.Content{&mcp.TextContent{Text: "ticket created"}},
@@ -188,6 +192,7 @@ func TestSameKeyTwiceReplays(t *testing.T) {
 func TestConcurrentCallsOneEffect(t *testing.T) {
 	b := setup(t, &sink{hold: make(chan struct{})})
 	cs := b.connect(t, "")
+	defer b.sink.release() // on failure, before the session closes
 	const n = 50
 	type answer struct {
 		res *mcp.CallToolResult
@@ -296,6 +301,27 @@ func TestPanicLeavesProcessing(t *testing.T) {
 		t.Fatalf("retry: want an in-flight tool error, got %+v", res)
 	}
 	if got := b.sink.of("k-p"); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+}
+
+// A tool error result (IsError) is not stored: the middleware cannot tell a
+// refusal from a technical failure after the effect, so the key stays
+// processing and the retry is told to wait, never re-run.
+func TestToolErrorLeavesProcessing(t *testing.T) {
+	b := setup(t, &sink{toolError: true})
+	cs := b.connect(t, "")
+	if res := mustCall(t, cs, "k-e", args); !res.IsError {
+		t.Fatalf("want the tool's error result, got %+v", res)
+	}
+	if k := row(t, b.db, "k-e"); k.Status != ledger.StatusProcessing || k.ResponseBody != nil {
+		t.Fatalf("row = %s %s, want processing without a response", k.Status, k.ResponseBody)
+	}
+	res := mustCall(t, cs, "k-e", args)
+	if !res.IsError || res.Meta[mcpkey.MetaRetryAfter] == nil {
+		t.Fatalf("retry: want an in-flight tool error, got %+v", res)
+	}
+	if got := b.sink.of("k-e"); got != 1 {
 		t.Fatalf("effects = %d, want 1", got)
 	}
 }
