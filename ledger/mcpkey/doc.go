@@ -28,7 +28,10 @@
 //     retry after N seconds with the same key, N also in
 //     _meta["ledgerkeeper/retryAfterSeconds"] (MCP has no 409).
 //   - The key completed → the stored CallToolResult (content, structured
-//     content, _meta) with _meta["ledgerkeeper/idempotentReplay"] = true.
+//     content, _meta) with _meta["ledgerkeeper/idempotentReplay"] = true. A
+//     body that is not a CallToolResult (no "content": the reconciler or an
+//     operator completed the key from the probe's outcome) is replayed as
+//     the structured content, and its JSON as the text content.
 //   - Otherwise the handler runs once (Attempt in its context, heartbeats
 //     if Config.HeartbeatInterval > 0).
 //

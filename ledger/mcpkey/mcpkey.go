@@ -216,10 +216,23 @@ func requestOf(name string, args json.RawMessage) ([]byte, error) {
 	return ledger.Canonical(b)
 }
 
+// replay answers with a stored outcome. A body Wrap stored is a
+// CallToolResult (an object with "content"); any other body was stored by
+// the reconciler or an operator from the probe's outcome, and is replayed as
+// the result's structured content and its JSON text.
 func replay(stored json.RawMessage) (*mcp.CallToolResult, error) {
+	var shape map[string]json.RawMessage
 	var out mcp.CallToolResult
-	if err := json.Unmarshal(stored, &out); err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "the stored result of this idempotency key cannot be replayed"}
+	if json.Unmarshal(stored, &shape) == nil && shape["content"] != nil {
+		if err := json.Unmarshal(stored, &out); err != nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "the stored result of this idempotency key cannot be replayed"}
+		}
+	} else {
+		body := stored
+		if len(body) == 0 {
+			body = json.RawMessage("null")
+		}
+		out = mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}}, StructuredContent: body}
 	}
 	if out.Meta == nil {
 		out.Meta = mcp.Meta{}

@@ -325,3 +325,27 @@ func TestToolErrorLeavesProcessing(t *testing.T) {
 		t.Fatalf("effects = %d, want 1", got)
 	}
 }
+
+// A key the reconciler completed from its probe (after a crash following the
+// effect) stores the probe's outcome, not a CallToolResult: the retry
+// replays it as structured content, and the handler does not run again.
+func TestReplayOfReconciledOutcome(t *testing.T) {
+	b := setup(t, &sink{afterEffect: func() { panic("crash after the effect") }})
+	cs := b.connect(t, "")
+	_, err := call(cs, "create_ticket", "k-r", args)
+	wantCode(t, err, jsonrpc.CodeInternalError, "crashing handler")
+	// What the reconciler's Complete writes for a found effect (the same
+	// compare-and-set on claimed_at).
+	k := row(t, b.db, "k-r")
+	if err := ledger.Complete(context.Background(), b.db.Pool, "k-r", k.ClaimedAt, 201, json.RawMessage(`{"ticket_id":"T-1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	res := mustCall(t, cs, "k-r", args)
+	sc, _ := res.StructuredContent.(map[string]any)
+	if res.Meta[mcpkey.MetaReplay] != true || sc["ticket_id"] != "T-1" || res.IsError {
+		t.Fatalf("want the reconciled outcome replayed, got %+v", res)
+	}
+	if got := b.sink.of("k-r"); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+}
