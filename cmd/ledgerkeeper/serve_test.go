@@ -99,7 +99,7 @@ http:
 
 	ctx, cancel := context.WithCancel(context.Background())
 	exited := make(chan int, 1)
-	var stderr bytes.Buffer
+	var stderr syncBuffer // serve keeps logging while the test reads
 	go func() {
 		exited <- run(ctx, []string{"serve", "--config", cfg, "--database-url", db.URL}, io.Discard, &stderr)
 	}()

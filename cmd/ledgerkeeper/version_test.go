@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -54,7 +53,7 @@ func TestServeExportsBuildInfo(t *testing.T) {
 	cfg := writeFile(t, "serve.yaml", fmt.Sprintf("schedule:\n  reconcile: \"@every 1h\"\n  purge: \"@every 1h\"\n  alerts: \"@every 1h\"\nhttp:\n  listen: %q\n", addr))
 	ctx, cancel := context.WithCancel(context.Background())
 	exited := make(chan int, 1)
-	var stderr bytes.Buffer
+	var stderr syncBuffer // serve keeps logging while the test reads
 	go func() {
 		exited <- run(ctx, []string{"serve", "--config", cfg, "--database-url", db.URL}, io.Discard, &stderr)
 	}()
