@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,7 +22,9 @@ import (
 // cli runs the command line in-process and returns exit code, stdout, stderr.
 func cli(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	var out, errb bytes.Buffer
+	// Synchronised: a goroutine a command started (a server shutting down,
+	// a probe past its deadline) may still write after run returns.
+	var out, errb syncBuffer
 	code := run(context.Background(), args, &out, &errb)
 	return code, out.String(), errb.String()
 }
