@@ -202,6 +202,9 @@ func runDemo(ctx context.Context, a *app) error {
 	for _, h := range hist {
 		d.say("  %s  %s  attempt %d  verdict %s  action %s", ts(h.CreatedAt), h.Actor, h.Attempt, h.Verdict, h.Action)
 	}
+	if err := d.mcpStep(ctx); err != nil {
+		return err
+	}
 	d.say("\nDone. Next: 'ledgerkeeper demo --print-config' shows the configuration used; README.md explains each part.")
 	d.say("Before deploying a probe of your own: 'ledgerkeeper probe check' runs its self-check and 'ledgerkeeper probe run KEY' probes one key by hand; neither writes anything.")
 	return nil

@@ -398,6 +398,10 @@ func TestDemo(t *testing.T) {
 		`wf-2 retry        -> 409 {"type":"https://ledgerkeeper.dev/problems/idempotency-key-in-flight"`,
 		"2 message(s) posted",
 		"tickets in the sink: 5",
+		// The MCP step: one effect for two calls with one key.
+		`first call wf-6:step-1:add_note -> "note 1 added" replay=false`,
+		`retry      wf-6:step-1:add_note -> "note 1 added" replay=true`,
+		"add_note ran 1 time(s) for one key",
 		"probe self-check of create_ticket, before any of its keys changed (by hand: 'ledgerkeeper probe check'): trusted: the made-up key came back not_found; 1 of 1 completed keys came back found with their stored values",
 	} {
 		if !strings.Contains(out, want) {
