@@ -25,7 +25,14 @@
 //     (a 5xx leaves the key processing for the reconciler; it is never
 //     stored and replayed).
 //
-// MCP tool servers (tools/call over streamable HTTP) are not covered here.
+// MCP tool servers: with Config.MCPTool set, URL is a streamable HTTP MCP
+// endpoint and every request is a tools/call of MCPTool with Body as its
+// arguments and the key in _meta.idempotencyKey (package mcpkey's
+// contract). The scenarios are the same, in MCP terms: the replay is a
+// result with _meta["ledgerkeeper/idempotentReplay"] true and identical
+// content; other arguments and a missing key get a JSON-RPC invalid-params
+// error (-32602); a call with the key in flight gets a tool error (IsError);
+// no-cached-5xx does not apply.
 package conformance
 
 import (
@@ -65,6 +72,9 @@ const (
 type Config struct {
 	// URL is the tool endpoint; every request is a POST with a JSON body.
 	URL string
+	// MCPTool, when set, makes URL a streamable HTTP MCP endpoint and
+	// every request a tools/call of this tool (Body its arguments).
+	MCPTool string
 	// Tool is the tool's name, passed to the probe.
 	Tool string
 	// Probe counts effects: the tool's configured probe.
@@ -214,6 +224,9 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Concurrency}}
 	}
 	r := &runner{cfg: cfg, rep: Report{URL: cfg.URL, Tool: cfg.Tool, KeyPrefix: cfg.KeyPrefix}}
+	if cfg.MCPTool != "" {
+		return runMCP(ctx, r)
+	}
 	for _, s := range []func(context.Context){r.probeControl, r.sameKeyTwice, r.otherArguments, r.concurrent, r.missingKey, r.clientDeadline} {
 		if ctx.Err() != nil {
 			return r.rep, fmt.Errorf("conformance interrupted: %w", ctx.Err())

@@ -16,14 +16,14 @@ import (
 
 func newConformanceCmd(a *app) *cobra.Command {
 	var (
-		tool, keyPrefix, body, otherBody, slowBody string
-		slowDeadline                               time.Duration
-		concurrency                                int
-		allowMissingKey, asJSON                    bool
+		tool, mcpTool, keyPrefix, body, otherBody, slowBody string
+		slowDeadline                                        time.Duration
+		concurrency                                         int
+		allowMissingKey, asJSON                             bool
 	)
 	cmd := &cobra.Command{
-		Use:   "conformance URL --tool T --body JSON [--key-prefix P] [--slow-body JSON] [--json]",
-		Short: "Test a live HTTP tool endpoint against the idempotency contract, counting effects with its probe",
+		Use:   "conformance URL --tool T --body JSON [--mcp-tool NAME] [--key-prefix P] [--slow-body JSON] [--json]",
+		Short: "Test a live HTTP or MCP tool endpoint against the idempotency contract, counting effects with its probe",
 		Long: `Run the contract's test battery against a live HTTP tool endpoint, whatever
 language the tool server is written in: every request is a POST to URL with
 an Idempotency-Key header and --body (a valid request of the tool). Effects
@@ -46,8 +46,14 @@ Keys are --key-prefix + the scenario's name (default conformance-<random>:),
 so they can be found and cleaned afterwards. Each scenario really executes
 the tool once: point it at a test or staging endpoint.
 
-MCP tool servers (tools/call over streamable HTTP) are not tested by this
-command.
+MCP tool servers: with --mcp-tool NAME, URL is a streamable HTTP MCP
+endpoint and every request is a tools/call of NAME with --body as its
+arguments and the key in _meta.idempotencyKey (the ledger/mcpkey contract).
+The same scenarios in MCP terms: the replay is a result with
+_meta["ledgerkeeper/idempotentReplay"] true and identical content; other
+arguments and a missing key get a JSON-RPC invalid-params error (-32602); a
+call with the key in flight gets a tool error (IsError); no-cached-5xx does
+not apply. --tool still names the ledger tool whose probe counts effects.
 
 Prints one line per assertion: PASS|FAIL|SKIP name: what was seen (--json:
 one document). Exit 0 when every assertion passed, 1 when one failed, 2 on
@@ -88,7 +94,7 @@ a usage or configuration error.`,
 				keyPrefix = "conformance-" + hex.EncodeToString(b) + ":"
 			}
 			cfg := conformance.Config{
-				URL: argv[0], Tool: tool, Probe: built[tool], KeyPrefix: keyPrefix,
+				URL: argv[0], MCPTool: mcpTool, Tool: tool, Probe: built[tool], KeyPrefix: keyPrefix,
 				Body: json.RawMessage(body), SlowDeadline: slowDeadline, AllowMissingKey: allowMissingKey,
 				Concurrency: concurrency,
 			}
@@ -121,6 +127,7 @@ a usage or configuration error.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&tool, "tool", "", "the tool whose configured probe counts the effects (required)")
+	f.StringVar(&mcpTool, "mcp-tool", "", "test an MCP server over streamable HTTP: the MCP tool to call (tools/call, --body its arguments, the key in _meta.idempotencyKey)")
 	f.StringVar(&body, "body", "", "a valid request of the tool, JSON (required)")
 	f.StringVar(&otherBody, "other-body", "", "the same request with other arguments, JSON (default: --body plus a member _conformance_variant)")
 	f.StringVar(&slowBody, "slow-body", "", "a request that takes longer than --slow-deadline to process, JSON (without it client-deadline is skipped)")

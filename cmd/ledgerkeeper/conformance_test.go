@@ -11,8 +11,11 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/ledgerkeeper/ledgerkeeper/internal/exampletool"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/mcpkey"
 )
 
 // conformanceServer starts the example tool server on a real database; with
@@ -124,5 +127,77 @@ func TestConformanceUsage(t *testing.T) {
 	}
 	if n := db.Count(t, "tickets"); n != 0 {
 		t.Fatalf("a usage error sent requests: %d tickets", n)
+	}
+}
+
+// mcpTicketSink is an MCP create_ticket's downstream: effects per key,
+// served as GET /v1/tickets?idempotency_key=K → {"data":[...]}, the demo
+// configuration's probe.
+type mcpTicketSink struct {
+	mu      sync.Mutex
+	effects map[string][]map[string]any
+}
+
+func (s *mcpTicketSink) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	key, _ := req.Params.Meta[mcpkey.MetaKey].(string)
+	s.mu.Lock()
+	s.effects[key] = append(s.effects[key], map[string]any{"id": key, "created_at": "2026-01-01T00:00:00Z"})
+	n := len(s.effects[key])
+	s.mu.Unlock()
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ticket created"}}, StructuredContent: map[string]any{"ticket": n}}, nil
+}
+
+func (s *mcpTicketSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	data := s.effects[r.URL.Query().Get("idempotency_key")]
+	if data == nil {
+		data = []map[string]any{}
+	}
+	b, _ := json.Marshal(map[string]any{"data": data})
+	s.mu.Unlock()
+	_, _ = w.Write(b)
+}
+
+func mcpConformanceServer(t *testing.T, keyed bool) string {
+	t.Helper()
+	sink := &mcpTicketSink{effects: map[string][]map[string]any{}}
+	sinkSrv := httptest.NewServer(sink)
+	t.Cleanup(sinkSrv.Close)
+	server := mcp.NewServer(&mcp.Implementation{Name: "tickets", Version: "test"}, nil)
+	tool := &mcp.Tool{Name: "open_ticket", InputSchema: map[string]any{"type": "object"}}
+	if keyed {
+		mcpkey.AddTool(server, tool, mcpkey.Config{DB: pgtest.New(t).Pool, Tool: "create_ticket"}, sink.handle)
+	} else {
+		server.AddTool(tool, sink.handle)
+	}
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil))
+	t.Cleanup(srv.Close)
+	t.Setenv("TOOL_URL", sinkSrv.URL)
+	t.Setenv("SLACK_API_URL", "http://127.0.0.1:1/api/")
+	return srv.URL
+}
+
+// `conformance --mcp-tool` passes an mcpkey tool over streamable HTTP and
+// fails, naming the assertions, a tool that runs every call.
+func TestConformanceMCP(t *testing.T) {
+	cfg := writeFile(t, "demo.yaml", string(demoConfig))
+	url := mcpConformanceServer(t, true)
+	code, out, stderr := cli(t, "conformance", url, "--mcp-tool", "open_ticket", "--tool", "create_ticket", "--config", cfg,
+		"--body", conformanceBody, "--concurrency", "8")
+	if code != 0 || strings.Contains(out, "FAIL ") || !strings.Contains(out, "PASS concurrent/exactly one effect: verdict found") {
+		t.Fatalf("conformance on an mcpkey tool: %d\n%s\n%s", code, out, stderr)
+	}
+	url = mcpConformanceServer(t, false)
+	code, out, stderr = cli(t, "conformance", url, "--mcp-tool", "open_ticket", "--tool", "create_ticket", "--config", cfg,
+		"--body", conformanceBody, "--concurrency", "8")
+	for _, want := range []string{
+		`FAIL same-key-twice/second result has _meta["ledgerkeeper/idempotentReplay"] true`,
+		"FAIL same-key-twice/one effect: verdict duplicate",
+		"FAIL concurrent/exactly one call executed",
+		"FAIL concurrent/exactly one effect: verdict duplicate",
+	} {
+		if code != 1 || !strings.Contains(out, want) {
+			t.Errorf("unprotected MCP tool: exit %d, want 1 with %q\n%s\n%s", code, want, out, stderr)
+		}
 	}
 }
