@@ -348,19 +348,7 @@ func (r *runner) otherArguments(ctx context.Context) {
 func (r *runner) concurrent(ctx context.Context) {
 	key := r.key("concurrent")
 	n := r.cfg.Concurrency
-	gate := make(chan struct{})
-	answers := make([]answer, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-gate
-			answers[i] = r.send(ctx, key, r.cfg.Body, r.cfg.Timeout)
-		}()
-	}
-	close(gate)
-	wg.Wait()
+	answers := together(n, func() answer { return r.send(ctx, key, r.cfg.Body, r.cfg.Timeout) })
 	firsts, conflicts, replays := 0, 0, 0
 	var others []string
 	for _, a := range answers {
@@ -478,4 +466,21 @@ func Print(w io.Writer, rep Report) error {
 	fmt.Fprintf(&b, "%d passed, %d failed, %d skipped (keys %s*)\n", rep.Passed, rep.Failed, rep.Skipped, rep.KeyPrefix)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// together makes n calls released at once through a gate, so that they
+// race for one key, and returns their answers in order.
+func together[T any](n int, call func() T) []T {
+	gate := make(chan struct{})
+	out := make([]T, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			out[i] = call()
+		})
+	}
+	close(gate)
+	wg.Wait()
+	return out
 }

@@ -41,29 +41,21 @@ func (p *pass) explainUntouched(ctx context.Context) {
 			why = "in flight: heartbeating"
 		case st.Leased:
 			why = "leased by another reconciler right now"
-		case p.breakerOpen(k.Tool):
+		case p.toolReport(k.Tool).BreakerOpen:
 			why = "its tool's circuit breaker is open"
-		case p.untrusted(k.Tool):
+		case p.toolReport(k.Tool).Untrusted:
 			why = "its tool's probe is not trusted (self-check failed or inconclusive): no key of the tool changes until it passes; run 'ledgerkeeper probe check'"
 		}
 		p.report.Skipped = append(p.report.Skipped, KeyResult{Key: key, Tool: k.Tool, Action: why})
 	}
 }
 
-func (p *pass) breakerOpen(tool string) bool {
+// toolReport is the report of tool in this pass (zero if not visited).
+func (p *pass) toolReport(tool string) ToolReport {
 	for _, t := range p.report.Tools {
 		if t.Tool == tool {
-			return t.BreakerOpen
+			return t
 		}
 	}
-	return false
-}
-
-func (p *pass) untrusted(tool string) bool {
-	for _, t := range p.report.Tools {
-		if t.Tool == tool {
-			return t.Untrusted
-		}
-	}
-	return false
+	return ToolReport{}
 }
