@@ -17,7 +17,7 @@
 // the database (table slack_seen): a delivery handled by one replica is
 // not handled again by another, nor twice by one.
 //
-// The alert renderer draws the action buttons only when
-// alerts.SlackConfig.Interactive is true; turn it on when a transport is
+// The alert renderer draws the action buttons only when the dispatcher's
+// alerts.Config.Interactive is true; turn it on when a transport is
 // configured, or buttons would lead nowhere.
 package interact
