@@ -91,6 +91,11 @@ type Config struct {
 	// delivery errors. Nil: only what looks like a credential (URL
 	// passwords, DSN passwords, bearer and Slack tokens, webhook paths).
 	Redactor *secret.Redactor
+	// Interactive draws action buttons on firing messages (Inspect, Hold,
+	// Release, Mark retryable, Store outcome; package interact handles
+	// them). Off by default: without a configured interactivity transport
+	// the buttons would lead nowhere.
+	Interactive bool
 }
 
 func (c Config) withDefaults() Config {
@@ -163,7 +168,7 @@ func New(pool *pgxpool.Pool, cfg Config, notifier Notifier, logger *slog.Logger,
 		notifier: notifier,
 		logger:   logger,
 		metrics:  metrics,
-		render:   newRenderer(cfg.RunbookURL, cfg.MaxKeysPerMessage).withRedactor(cfg.Redactor),
+		render:   newRenderer(cfg.RunbookURL, cfg.MaxKeysPerMessage).withRedactor(cfg.Redactor).withInteractive(cfg.Interactive),
 		sem:      make(chan struct{}, 1),
 	}
 }

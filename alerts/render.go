@@ -90,6 +90,8 @@ type renderer struct {
 	// red removes secrets from every value that came from the ledger or a
 	// downstream before it is rendered (nil: the built-in patterns only).
 	red *secret.Redactor
+	// interactive: firing messages carry action buttons (see actions.go).
+	interactive bool
 }
 
 var safeLinkRE = regexp.MustCompile(`^https?://[^\s<>|"` + "`" + `]+$`)
@@ -108,6 +110,12 @@ func newRenderer(runbookURL string, maxItems int) renderer {
 // withRedactor returns r redacting with red.
 func (r renderer) withRedactor(red *secret.Redactor) renderer {
 	r.red = red
+	return r
+}
+
+// withInteractive returns r drawing action buttons on firing messages when on.
+func (r renderer) withInteractive(on bool) renderer {
+	r.interactive = on
 	return r
 }
 
