@@ -167,16 +167,42 @@ func (r renderer) render(kind Kind, reason Reason, items []item, now time.Time) 
 		slack.NewHeaderBlock(slack.NewTextBlockObject(slack.PlainTextType, safetext.ClipRunes(header, maxHeaderText), true, false)),
 		section(lead),
 	}
+	limit := r.maxItems
+	// Buttons only where a human can act on a key: firing notices.
+	interactive := r.interactive && kind == KindFiring
+	if interactive {
+		// Room for the key picker and for the line interact adds when
+		// someone acts.
+		limit = min(limit, maxListedItems-2)
+	}
 	listed := items
-	if len(listed) > r.maxItems {
-		listed = listed[:r.maxItems]
+	if len(listed) > limit {
+		listed = listed[:limit]
 	}
 	for _, it := range listed {
-		blocks = append(blocks, section(r.itemText(kind, it, now)))
+		sec := section(r.itemText(kind, it, now))
+		if interactive && it.key != "" && len(listed) > 1 {
+			if menu := keyMenu(it.key); menu != nil {
+				sec.Accessory = slack.NewAccessory(menu)
+			}
+		}
+		blocks = append(blocks, sec)
+		if interactive && it.key != "" && len(listed) == 1 {
+			blocks = append(blocks, KeyActions(it.key, it.tool, ""))
+		}
 	}
 	if rest := len(items) - len(listed); rest > 0 {
 		more := fmt.Sprintf("…and %d more (%s in all): list them with `ledgerkeeper status`.", rest, count)
 		blocks = append(blocks, slack.NewContextBlock("", slack.NewTextBlockObject(slack.MarkdownType, more, false, true)))
+		if interactive {
+			var keys []string
+			for _, it := range items[len(listed):] {
+				keys = append(keys, it.key)
+			}
+			if p := keyPicker(keys); p != nil {
+				blocks = append(blocks, p)
+			}
+		}
 	}
 	return Message{
 		Kind:   kind,

@@ -75,6 +75,9 @@ type ReleaseRequest struct {
 	Key string
 	// Actor is audited; required.
 	Actor string
+	// Note goes into the audit row where a hold keeps its reason; optional
+	// (the command line gives none; Slack names the operator).
+	Note string
 }
 
 // Release lifts req.Key's hold in one transaction, audited (when the key is
@@ -83,7 +86,7 @@ func Release(ctx context.Context, db store.Beginner, req ReleaseRequest) error {
 	if req.Actor == "" {
 		return ErrNoActor
 	}
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return store.ReleaseHold(ctx, tx, req.Key, req.Actor) })
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return store.ReleaseHoldNoted(ctx, tx, req.Key, req.Actor, req.Note) })
 	if errors.Is(err, ledger.ErrNotFound) {
 		return ErrNotHeld
 	}

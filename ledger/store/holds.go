@@ -96,6 +96,13 @@ func putHold(ctx context.Context, tx pgx.Tx, key, reason, actor string, replace 
 
 // ReleaseHold lifts a hold and audits it. ErrNotFound if the key is not held.
 func ReleaseHold(ctx context.Context, tx pgx.Tx, key, actor string) error {
+	return ReleaseHoldNoted(ctx, tx, key, actor, "")
+}
+
+// ReleaseHoldNoted is ReleaseHold with a note in the audit row's error
+// column, where a hold keeps its reason ("" for none): a binding that
+// acts for a named person (Slack) says who there.
+func ReleaseHoldNoted(ctx context.Context, tx pgx.Tx, key, actor, note string) error {
 	tag, err := tx.Exec(ctx, `DELETE FROM key_holds WHERE key = $1`, key)
 	if err != nil {
 		return wrap("release hold", err)
@@ -114,7 +121,7 @@ func ReleaseHold(ctx context.Context, tx pgx.Tx, key, actor string) error {
 	if err != nil {
 		return err
 	}
-	return InsertAudit(ctx, tx, AuditEntry{Key: key, Tool: k.Tool, Attempt: attempts, Verdict: "operator", Action: "release", Actor: actor})
+	return InsertAudit(ctx, tx, AuditEntry{Key: key, Tool: k.Tool, Attempt: attempts, Verdict: "operator", Action: "release", Error: note, Actor: actor})
 }
 
 // ListHolds returns every hold, oldest first.

@@ -1,0 +1,149 @@
+package alerts
+
+import (
+	"strings"
+	"unicode/utf8"
+
+	"github.com/slack-go/slack"
+)
+
+// The action IDs of the controls on interactive alert messages
+// (Config.Interactive); package interact handles them. A button's value is
+// the key it acts on.
+const (
+	ActionIDInspect      = "lk_inspect"
+	ActionIDHold         = "lk_hold"
+	ActionIDRelease      = "lk_release"
+	ActionIDRetryable    = "lk_retryable"
+	ActionIDStoreOutcome = "lk_outcome"
+	// ActionIDMenu is the overflow menu of a key listed in a grouped
+	// message: each option's value is MenuValue(action ID, key).
+	ActionIDMenu = "lk_menu"
+	// ActionIDPick is the key picker of a message listing more keys than
+	// it shows: each option's value is a key.
+	ActionIDPick = "lk_pick"
+)
+
+// BlockIDOrigin prefixes the block_id of an actions block posted away from
+// the alert (the picker's ephemeral reply): OriginBlockID names the alert
+// message, so an action there still updates the alert.
+const BlockIDOrigin = "lk@"
+
+// OriginBlockID is the block_id naming the alert message at channel and ts.
+func OriginBlockID(channel, ts string) string { return BlockIDOrigin + channel + "/" + ts }
+
+// Slack's limits on interactive elements.
+// https://api.slack.com/reference/block-kit/block-elements
+const (
+	maxOverflowOptions = 5
+	maxOptionValue     = 150
+	maxOptionText      = 75
+	maxSelectOptions   = 100
+	maxConfirmText     = 300
+)
+
+// MenuValue is an overflow option's value: the action ID and the key.
+func MenuValue(actionID, key string) string { return actionID + ":" + key }
+
+// ParseMenuValue splits a MenuValue.
+func ParseMenuValue(v string) (actionID, key string, ok bool) {
+	return strings.Cut(v, ":")
+}
+
+// keyActions are the five actions on one key, in the order on-call meets
+// them: look, freeze, unfreeze, decide.
+var keyActions = []struct{ id, label string }{
+	{ActionIDInspect, "Inspect"},
+	{ActionIDHold, "Hold"},
+	{ActionIDRelease, "Release"},
+	{ActionIDRetryable, "Mark retryable"},
+	{ActionIDStoreOutcome, "Store outcome"},
+}
+
+// KeyActions is the actions block of one key: a button per action, the
+// key as every button's value. Mark retryable asks for confirmation
+// saying what the retry will do, Release what lifting the hold means.
+// blockID is "" on the alert itself (Slack names the block), or an
+// OriginBlockID elsewhere.
+func KeyActions(key, tool, blockID string) *slack.ActionBlock {
+	els := make([]slack.BlockElement, 0, len(keyActions))
+	for _, a := range keyActions {
+		b := slack.NewButtonBlockElement(a.id, key, slack.NewTextBlockObject(slack.PlainTextType, a.label, false, false))
+		switch a.id {
+		case ActionIDRetryable:
+			b.Style = slack.StyleDanger
+			b.Confirm = slack.NewConfirmationBlockObject(
+				plain("Mark retryable?"),
+				plain(safeCutPlain("The next retry of "+key+" will run "+cmpStr(tool, "its tool")+" again: do this only if you checked that the effect never happened downstream. You will be asked for a reason.", maxConfirmText)),
+				plain("Continue"), plain("Cancel"))
+		case ActionIDRelease:
+			b.Confirm = slack.NewConfirmationBlockObject(
+				plain("Release the hold?"),
+				plain(safeCutPlain("The reconciler may probe and decide "+key+" again, and purge may remove it once it expires.", maxConfirmText)),
+				plain("Release"), plain("Cancel"))
+		}
+		els = append(els, b)
+	}
+	return slack.NewActionBlock(blockID, els...)
+}
+
+// keyMenu is the overflow menu of one key in a grouped message, or nil
+// when the key is too long for an option's value.
+func keyMenu(key string) *slack.OverflowBlockElement {
+	opts := make([]*slack.OptionBlockObject, 0, maxOverflowOptions)
+	for _, a := range keyActions[:maxOverflowOptions] {
+		v := MenuValue(a.id, key)
+		if utf8.RuneCountInString(v) > maxOptionValue {
+			return nil
+		}
+		opts = append(opts, slack.NewOptionBlockObject(v, plain(a.label), nil))
+	}
+	return slack.NewOverflowBlockElement(ActionIDMenu, opts...)
+}
+
+// keyPicker is a select of keys the message counts but does not list;
+// picking one answers with that key's actions. Keys too long for an
+// option's value are left out; nil when none is left.
+func keyPicker(keys []string) *slack.ActionBlock {
+	var opts []*slack.OptionBlockObject
+	for _, k := range keys {
+		if len(opts) == maxSelectOptions {
+			break
+		}
+		if k == "" || utf8.RuneCountInString(k) > maxOptionValue {
+			continue
+		}
+		opts = append(opts, slack.NewOptionBlockObject(k, plain(safeCutPlain(k, maxOptionText)), nil))
+	}
+	if len(opts) == 0 {
+		return nil
+	}
+	sel := slack.NewOptionsSelectBlockElement(slack.OptTypeStatic, plain("Act on another key…"), ActionIDPick, opts...)
+	return slack.NewActionBlock("", sel)
+}
+
+func plain(s string) *slack.TextBlockObject {
+	return slack.NewTextBlockObject(slack.PlainTextType, s, false, false)
+}
+
+// safeCutPlain cuts plain text to max characters (no entities to respect).
+func safeCutPlain(s string, max int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if utf8.RuneCountInString(s) <= max {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:max-1]) + "…"
+}
+
+// EscapeMrkdwn makes text from outside (the ledger, a downstream, a Slack
+// user's input) safe in Slack mrkdwn, as every alert text is.
+func EscapeMrkdwn(s string) string { return escape(s) }
+
+// InlineCode shows a value from outside as `code`, escaped and within max
+// characters, as alert texts show keys.
+func InlineCode(s string, max int) string { return inline(s, max) }
+
+// CodeBlock shows a value from outside preformatted, escaped and within
+// max characters.
+func CodeBlock(s string, max int) string { return codeBlock(s, max) }

@@ -1,0 +1,252 @@
+package interact
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/slack-go/slack"
+
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/operator"
+)
+
+// reply answers user alone: through the response_url when the interaction
+// gave one, else chat.postEphemeral in the alert's channel. A failure is
+// logged: the action's effect, if any, is in the ledger and the message.
+func (h *Handler) reply(ctx context.Context, w where, user, text string, blocks ...slack.Block) {
+	if w.ResponseURL != "" {
+		err := h.postResponse(ctx, w.ResponseURL, map[string]any{
+			"response_type": "ephemeral", "replace_original": false, "text": text, "blocks": replyBlocks(text, blocks),
+		})
+		if err == nil {
+			return
+		}
+		h.log.Warn("slack reply through response_url failed", "user", user, "err", h.red.Error(err))
+	}
+	if w.Channel == "" {
+		return
+	}
+	_, err := h.cfg.Slack.PostEphemeralContext(ctx, w.Channel, user, slack.MsgOptionText(text, false), slack.MsgOptionBlocks(replyBlocks(text, blocks)...))
+	if err != nil {
+		h.log.Warn("slack reply through chat.postEphemeral failed", "user", user, "channel", w.Channel, "err", h.red.Error(err))
+	}
+}
+
+func replyBlocks(text string, blocks []slack.Block) []slack.Block {
+	if len(blocks) > 0 {
+		return blocks
+	}
+	return []slack.Block{mrkdwn(text)}
+}
+
+// replyFailed tells the user an action failed on our side.
+func (h *Handler) replyFailed(ctx context.Context, w where, user string) {
+	h.reply(ctx, w, user, "That failed inside ledgerkeeper (its log says why); if anything was written, the audit trail shows it. Try again, or use the command line.")
+}
+
+// postResponse posts one JSON message to a response_url (which is a
+// capability: it is never logged; the redactor masks Slack's hooks URLs).
+func (h *Handler) postResponse(ctx context.Context, url string, msg map[string]any) error {
+	body, err := json.Marshal(msg)
+	if err != nil {
+		return fmt.Errorf("encode response: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return errors.New("response_url is not a URL")
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.http.Do(req)
+	if err != nil {
+		var ue interface{ Unwrap() error }
+		if errors.As(err, &ue) {
+			// *url.Error names the URL: keep only the cause.
+			return fmt.Errorf("post to response_url: %w", ue.Unwrap())
+		}
+		return fmt.Errorf("post to response_url: %w", err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("post to response_url: HTTP %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// logBlockID is the context block interact adds to an alert message, one
+// line per action taken from it.
+const logBlockID = "lk_log"
+
+// maxContextElements is Slack's limit on a context block's elements.
+const maxContextElements = 10
+
+// annotate adds line to the alert message (who did what, when), keeping
+// its blocks: chat.update of the message at w.Channel and w.TS. The blocks
+// are the click's, or read back (conversations.history) after a form. A
+// failure is logged: the action stands.
+func (h *Handler) annotate(ctx context.Context, w where, line string) {
+	if w.Channel == "" || w.TS == "" {
+		return
+	}
+	blocks, text := w.blocks, w.text
+	if blocks == nil {
+		hist, err := h.cfg.Slack.GetConversationHistoryContext(ctx, &slack.GetConversationHistoryParameters{
+			ChannelID: w.Channel, Latest: w.TS, Oldest: w.TS, Inclusive: true, Limit: 1})
+		if err != nil || len(hist.Messages) == 0 || hist.Messages[0].Timestamp != w.TS {
+			h.log.Warn("slack alert message not updated: cannot read it back", "channel", w.Channel, "ts", w.TS, "err", h.red.Error(err))
+			return
+		}
+		blocks, text = hist.Messages[0].Blocks.BlockSet, hist.Messages[0].Text
+	}
+	blocks, ok := withLine(blocks, line)
+	if !ok {
+		h.log.Warn("slack alert message not updated: no room for another block", "channel", w.Channel, "ts", w.TS)
+		return
+	}
+	if _, _, _, err := h.cfg.Slack.UpdateMessageContext(ctx, w.Channel, w.TS, slack.MsgOptionText(text, false), slack.MsgOptionBlocks(blocks...)); err != nil {
+		h.log.Warn("slack alert message not updated", "channel", w.Channel, "ts", w.TS, "err", h.red.Error(err))
+	}
+}
+
+// withLine returns blocks with line added to the log block (made at the
+// end if there is none; its oldest line dropped when full). false: the
+// message has no room for a log block.
+func withLine(blocks []slack.Block, line string) ([]slack.Block, bool) {
+	el := slack.NewTextBlockObject(slack.MarkdownType, line, false, true)
+	out := make([]slack.Block, len(blocks), len(blocks)+1)
+	copy(out, blocks)
+	for i, b := range out {
+		if c, ok := b.(*slack.ContextBlock); ok && c.BlockID == logBlockID {
+			els := append(append([]slack.MixedElement{}, c.ContextElements.Elements...), el)
+			if len(els) > maxContextElements {
+				els = els[len(els)-maxContextElements:]
+			}
+			out[i] = slack.NewContextBlock(logBlockID, els...)
+			return out, true
+		}
+	}
+	if len(out) >= 50 {
+		return nil, false
+	}
+	return append(out, slack.NewContextBlock(logBlockID, el)), true
+}
+
+// ActionSlackRefused is the audit action of a Slack user's attempt that
+// authorization refused (verdict "operator", actor slack:<user id>, what
+// was attempted in the error column). It changes nothing else.
+const ActionSlackRefused = "slack_refused"
+
+// authorize says whether user may take action. A refusal is answered
+// ("not allowed"), logged and audited on the key (when it is in the
+// ledger: an audit trail is per key) and changes nothing else.
+func (h *Handler) authorize(ctx context.Context, w where, user string, action Action, key string) (Operator, bool, error) {
+	op, known := h.cfg.Operators[user]
+	if known && op.may(action) {
+		if op.Name == "" {
+			op.Name = user
+		}
+		return op, true, nil
+	}
+	h.log.Warn("slack action refused: not allowed", "user", user, "action", string(action), "key", h.red.String(key))
+	what := fmt.Sprintf("Slack user %s is not allowed to %s", user, strings.ReplaceAll(string(action), "_", " "))
+	if !known {
+		what += " (not in alerts.slack.operators)"
+	}
+	err := h.auditRefusal(ctx, key, user, what)
+	h.reply(ctx, w, user, fmt.Sprintf("You are not allowed to %s from Slack (your Slack user ID is %s): ask for it to be listed in alerts.slack.operators. Nothing changed; the attempt is in the key's audit trail.",
+		strings.ReplaceAll(string(action), "_", " "), alerts.EscapeMrkdwn(user)))
+	return Operator{}, false, err
+}
+
+func (h *Handler) auditRefusal(ctx context.Context, key, user, what string) error {
+	k, err := ledger.Get(ctx, h.cfg.Pool, key)
+	if errors.Is(err, ledger.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("audit refused Slack action: %w", err)
+	}
+	attempt := 0
+	if st, err := store.GetState(ctx, h.cfg.Pool, key); err == nil && st.ClaimedAt.Equal(k.ClaimedAt) {
+		attempt = st.Attempts
+	}
+	err = store.InsertAudit(ctx, h.cfg.Pool, store.AuditEntry{Key: key, Tool: k.Tool, Attempt: attempt, Verdict: store.VerdictOperator,
+		Action: ActionSlackRefused, Error: what, Actor: actor(user)})
+	if err != nil {
+		return fmt.Errorf("audit refused Slack action: %w", err)
+	}
+	return nil
+}
+
+// isAnswer reports whether err is the operator package's answer about the
+// key (a refusal, an invalid request, a missing key, no hold), to tell the
+// user, rather than a failure.
+func isAnswer(err error) bool {
+	return errors.Is(err, operator.ErrRefused) || errors.Is(err, operator.ErrInvalid) ||
+		errors.Is(err, operator.ErrNoKey) || errors.Is(err, operator.ErrNotHeld)
+}
+
+// explain says in plain words what an act did (err nil) or why it was
+// refused, for hold and release.
+func explain(err error, key string) string {
+	k := alerts.InlineCode(key, 400)
+	var r *operator.RefusedError
+	switch {
+	case err == nil:
+		return "Done: " + k + " changed as asked; the audit trail has it."
+	case errors.Is(err, operator.ErrNoKey):
+		return "No key " + k + " in the ledger (never claimed, or purged after it expired): nothing changed."
+	case errors.Is(err, operator.ErrNotHeld):
+		return "Key " + k + " is not on hold (someone may have released it already): nothing changed."
+	case errors.As(err, &r):
+		switch r.Why {
+		case operator.RefusedAlreadyHeld:
+			if h := r.Hold; h != nil {
+				return "Refused: " + k + " is already on hold, by " + alerts.EscapeMrkdwn(h.Actor) + " since " + h.CreatedAt.UTC().Format(time.RFC3339) + ": " + alerts.EscapeMrkdwn(oneLine(h.Reason, 300)) + ". Nothing changed (replacing a hold is `ledgerkeeper hold --replace`)."
+			}
+			return "Refused: " + k + " is already on hold. Nothing changed."
+		case operator.RefusedFinal:
+			return "Refused: " + k + " is already " + alerts.EscapeMrkdwn(r.Status) + " (final: its outcome is stored and replayed to every retry). Nothing changed."
+		case operator.RefusedAlreadyRetryable:
+			return "Refused: " + k + " is already failed_retryable (its next retry runs the tool again). Nothing changed."
+		case operator.RefusedHeld:
+			who := ""
+			if r.Hold != nil {
+				who = " by " + alerts.EscapeMrkdwn(r.Hold.Actor)
+			}
+			return "Refused: " + k + " is on hold" + who + ": release it first. Nothing changed."
+		case operator.RefusedInFlight:
+			return fmt.Sprintf("Refused: %s is in flight (claimed less than its window + grace of %s ago, or heartbeating, by the database's clock): the original attempt may still finish. Nothing changed; try again once it is past its window.", k, r.Window)
+		case operator.RefusedChanged:
+			return "Refused: " + k + " changed meanwhile (" + alerts.EscapeMrkdwn(strings.ReplaceAll(r.Action, "_", " ")) + "): nothing written. Inspect it again."
+		case operator.RefusedNoConfiguration:
+			return "Refused: the processing window of " + alerts.InlineCode(r.Tool, 200) + " is unknown to this ledgerkeeper. Nothing changed."
+		}
+	case errors.Is(err, operator.ErrServerErrorOutcome):
+		return "Refused: a 5xx outcome would be replayed to every retry forever; Slack does not store one. Nothing changed."
+	case errors.Is(err, operator.ErrInvalid):
+		return "Refused: " + alerts.EscapeMrkdwn(err.Error()) + ". Nothing changed."
+	}
+	return "Failed: " + alerts.EscapeMrkdwn(err.Error())
+}
+
+// explainResolve is explain for resolve, saying what the decision means.
+func explainResolve(err error, req operator.ResolveRequest) string {
+	if err != nil {
+		return explain(err, req.Key)
+	}
+	k := alerts.InlineCode(req.Key, 400)
+	if req.Mark == operator.MarkRetryable {
+		return "Marked " + k + " failed_retryable: its next retry runs the tool again. Its open alerts are resolved; the audit trail has your reason."
+	}
+	return fmt.Sprintf("Stored the outcome of %s: every retry receives HTTP %d with the body you gave. Its open alerts are resolved; the audit trail has your reason.", k, req.Code)
+}
