@@ -68,7 +68,8 @@ type Config struct {
 	Operators map[string]Operator
 	// Windows is what "in flight" means per tool (as the CLI's resolve
 	// uses: the serve configuration's window + grace and heartbeat
-	// timeout). Required: without it every resolve would be refused.
+	// timeout). Nil: every resolve is refused, as the CLI's without a
+	// configuration (Slack never forces).
 	Windows operator.Windows
 	// Redactor goes over every error before it is logged; nil: the
 	// built-in patterns only.
@@ -102,8 +103,6 @@ func New(cfg Config) (*Handler, error) {
 		return nil, errors.New("interact: a database pool is required")
 	case cfg.Slack == nil:
 		return nil, errors.New("interact: a Slack client (bot token) is required")
-	case cfg.Windows == nil:
-		return nil, errors.New("interact: the tools' windows are required (what in flight means)")
 	}
 	for id, o := range cfg.Operators {
 		for _, a := range o.Actions {

@@ -147,9 +147,13 @@ func (h *Handler) viewSubmission(ctx context.Context, cb slack.InteractionCallba
 	if v.CallbackID == viewOutcome {
 		return h.review(m, v, op)
 	}
+	reason := value(v, inReason)
+	if v.CallbackID != viewOutcomeReview && reason == "" {
+		return slack.NewErrorsViewSubmissionResponse(map[string]string{inReason: "Give a reason: it goes into the audit trail."}), nil
+	}
 	// Once per submission, whichever transport, replica or retry
-	// delivered it; claimed only now, so a form sent back with errors can
-	// be submitted again.
+	// delivered it; claimed only once the form is complete, so a form
+	// sent back with errors can be submitted again.
 	fresh, err := h.Claim(ctx, "view:"+v.ID+":"+cmpStr(cb.ViewSubmissionCallback.Hash, v.Hash), SeenTTL)
 	if err != nil {
 		return nil, err
@@ -160,16 +164,8 @@ func (h *Handler) viewSubmission(ctx context.Context, cb slack.InteractionCallba
 	}
 	switch v.CallbackID {
 	case viewHold:
-		reason := value(v, inReason)
-		if reason == "" {
-			return slack.NewErrorsViewSubmissionResponse(map[string]string{inReason: "Give a reason: it goes into the audit trail."}), nil
-		}
 		return nil, h.hold(ctx, m, user, op, reason)
 	case viewRetryable:
-		reason := value(v, inReason)
-		if reason == "" {
-			return slack.NewErrorsViewSubmissionResponse(map[string]string{inReason: "Give a reason: it goes into the audit trail."}), nil
-		}
 		req := operator.ResolveRequest{Key: m.Key, Mark: operator.MarkRetryable, Reason: reason + " " + byline(op), Actor: actor(user), Windows: h.cfg.Windows}
 		return nil, h.resolve(ctx, m, user, op, req, "marked "+alerts.InlineCode(m.Key, 300)+" retryable")
 	}

@@ -62,8 +62,12 @@ func (c Call) Field(name string) string {
 	if s, ok := v.(string); ok {
 		return s
 	}
-	b, _ := json.Marshal(v)
-	return string(b)
+	// As sent: no \u0026 for & (texts are compared with what was meant).
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // Message is a message the server holds, as chat.postMessage or Post left
@@ -180,15 +184,20 @@ func (s *Server) Calls(methods ...string) []Call {
 // (failing the test when they do not come).
 func (s *Server) WaitCalls(t testing.TB, method string, n int, timeout time.Duration) []Call {
 	t.Helper()
+	waitCount(t, method+" call(s)", n, timeout, func() int { return len(s.Calls(method)) })
+	return s.Calls(method)
+}
+
+// waitCount polls count until it reaches n, failing the test after
+// timeout with what was counted.
+func waitCount(t testing.TB, what string, n int, timeout time.Duration, count func() int) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for {
-		if c := s.Calls(method); len(c) >= n {
-			return c
-		}
+	for count() < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("slacktest: %d %s call(s) after %s, want %d", len(s.Calls(method)), method, timeout, n)
+			t.Fatalf("slacktest: %d %s after %s, want %d", count(), what, timeout, n)
 		}
 		<-tick.C
 	}
@@ -410,7 +419,8 @@ func (s *Server) BlockActions(t testing.TB, user, channel, ts string, action sla
 }
 
 // OpenedView is the view a views.open or views.push call opened, as the
-// server answered it (with its id), for ViewSubmission.
+// server answered it (with its id), for ViewSubmission (which also takes
+// the Call itself).
 func OpenedView(c Call) any { return c.JSON["view"] }
 
 // ViewSubmission is a view_submission of view (OpenedView of a call, or
@@ -418,6 +428,9 @@ func OpenedView(c Call) any { return c.JSON["view"] }
 // values (block_id -> action_id -> value).
 func ViewSubmission(t testing.TB, view any, user string, values map[string]map[string]string) slack.InteractionCallback {
 	t.Helper()
+	if c, ok := view.(Call); ok {
+		view = OpenedView(c)
+	}
 	b, err := json.Marshal(view)
 	if err != nil {
 		t.Fatalf("slacktest: encode view: %v", err)
