@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -381,3 +382,135 @@ func TestEscapeControlCharacters(t *testing.T) {
 		}
 	}
 }
+
+// controls lists the interactive elements of a message: per block, the
+// action IDs of its elements and accessory.
+func controls(t *testing.T, m Message) (actions, menus [][]map[string]any) {
+	t.Helper()
+	raw, err := json.Marshal(slack.Blocks{BlockSet: m.Blocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []map[string]any
+	if err := json.Unmarshal(raw, &blocks); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range blocks {
+		if b["type"] == "actions" {
+			var els []map[string]any
+			for _, e := range b["elements"].([]any) {
+				els = append(els, e.(map[string]any))
+			}
+			actions = append(actions, els)
+		}
+		if acc, ok := b["accessory"].(map[string]any); ok {
+			menus = append(menus, []map[string]any{acc})
+		}
+	}
+	return actions, menus
+}
+
+// Interactive firing messages carry the actions (Config.Interactive): a
+// message about one key its five buttons, Mark retryable confirming what
+// the retry will do; a grouped message an overflow menu per listed key; a
+// message counting more keys than it lists a picker of the rest. Resolved
+// notices carry none, and the text fallback is the same as without
+// buttons. Every message stays within Slack's limits.
+func TestRenderInteractive(t *testing.T) {
+	r := newRenderer(testRunbook, 20).withInteractive(true)
+	plain := newRenderer(testRunbook, 20)
+	items := fixtureItems()
+
+	one := r.render(KindFiring, ReasonProbeFailing, items[:1], fixtureNow)
+	checkMessage(t, r, one)
+	acts, menus := controls(t, one)
+	if len(acts) != 1 || len(menus) != 0 {
+		t.Fatalf("one key: %d actions blocks, %d menus; want 1, 0", len(acts), len(menus))
+	}
+	var ids []string
+	for _, b := range acts[0] {
+		ids = append(ids, b["action_id"].(string))
+		if b["value"] != items[0].key {
+			t.Errorf("button %s value %v, want the key", b["action_id"], b["value"])
+		}
+	}
+	if got := strings.Join(ids, ","); got != "lk_inspect,lk_hold,lk_release,lk_retryable,lk_outcome" {
+		t.Errorf("buttons %s", got)
+	}
+	confirm, _ := json.Marshal(acts[0][3]["confirm"])
+	if !strings.Contains(string(confirm), "The next retry of wf-8812:step-3:create_ticket will run create_ticket again") {
+		t.Errorf("Mark retryable's confirmation: %s", confirm)
+	}
+	if one.Text != plain.render(KindFiring, ReasonProbeFailing, items[:1], fixtureNow).Text {
+		t.Error("the text fallback changed with buttons")
+	}
+
+	grouped := r.render(KindFiring, ReasonProbeFailing, items, fixtureNow)
+	checkMessage(t, r, grouped)
+	acts, menus = controls(t, grouped)
+	if len(acts) != 0 || len(menus) != len(items) {
+		t.Fatalf("grouped: %d actions blocks, %d menus; want 0, %d", len(acts), len(menus), len(items))
+	}
+	for i, m := range menus {
+		opts := m[0]["options"].([]any)
+		if m[0]["action_id"] != ActionIDMenu || len(opts) != maxOverflowOptions {
+			t.Fatalf("menu %d: %v", i, m[0])
+		}
+		if v := opts[3].(map[string]any)["value"]; v != MenuValue(ActionIDRetryable, items[i].key) {
+			t.Errorf("menu %d option value %v", i, v)
+		}
+	}
+
+	for _, kind := range []Kind{KindResolved} {
+		m := r.render(kind, ReasonProbeFailing, items, fixtureNow)
+		if a, mm := controls(t, m); len(a)+len(mm) != 0 {
+			t.Errorf("%s notice carries controls", kind)
+		}
+	}
+	if a, mm := controls(t, plain.render(KindFiring, ReasonProbeFailing, items, fixtureNow)); len(a)+len(mm) != 0 {
+		t.Error("controls without Config.Interactive")
+	}
+}
+
+// At Slack's limits: 80 keys of 128 characters (the column's width), and
+// 80 keys too long for a menu's value: within 50 blocks, menus and picker
+// values within 150 characters, the picker within 100 options.
+func TestRenderInteractiveLimits(t *testing.T) {
+	r := newRenderer(testRunbook, 1000).withInteractive(true)
+	for _, width := range []int{128, 2000} {
+		var items []item
+		for i := range 180 {
+			k := fmt.Sprintf("%03d", i) + strings.Repeat("k", width-3)
+			items = append(items, item{id: int64(i), tool: "t", key: k})
+		}
+		m := r.render(KindFiring, ReasonNoProbe, items, fixtureNow)
+		checkMessage(t, r, m)
+		if len(m.Blocks) > maxBlocks-1 {
+			t.Errorf("width %d: %d blocks: no room left for the actions' log line", width, len(m.Blocks))
+		}
+		acts, menus := controls(t, m)
+		raw, _ := json.Marshal(slack.Blocks{BlockSet: m.Blocks})
+		for _, v := range regexpValues.FindAllStringSubmatch(string(raw), -1) {
+			if utf8.RuneCountInString(v[1]) > 2000 {
+				t.Errorf("width %d: a value of %d characters", width, utf8.RuneCountInString(v[1]))
+			}
+		}
+		if width == 128 {
+			if len(menus) != maxListedItems-2 || len(acts) != 1 {
+				t.Errorf("width 128: %d menus, %d actions blocks", len(menus), len(acts))
+			}
+			if n := len(acts[0][0]["options"].([]any)); n != maxSelectOptions {
+				t.Errorf("picker of %d options", n)
+			}
+			for _, o := range acts[0][0]["options"].([]any) {
+				if v := o.(map[string]any)["value"].(string); utf8.RuneCountInString(v) > maxOptionValue {
+					t.Errorf("picker value of %d characters", len(v))
+				}
+			}
+		} else if len(menus) != 0 || len(acts) != 0 {
+			t.Errorf("width %d: controls whose values Slack would refuse", width)
+		}
+	}
+}
+
+var regexpValues = regexp.MustCompile(`"value":"((?:[^"\\]|\\.)*)"`)
