@@ -18,8 +18,13 @@ func Fingerprint(body []byte) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return hashCanonical(canon), nil
+}
+
+// hashCanonical is the fingerprint of a body already in canonical form.
+func hashCanonical(canon []byte) string {
 	sum := sha256.Sum256(canon)
-	return hex.EncodeToString(sum[:]), nil
+	return hex.EncodeToString(sum[:])
 }
 
 // Canonical returns body in canonical JSON form (see Fingerprint).

@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
@@ -110,14 +115,10 @@ func TestReclaimFailedRetryable(t *testing.T) {
 	}
 }
 
-func TestConcurrentReclaimOneWinner(t *testing.T) {
-	t.Parallel()
-	db := pgtest.New(t)
-	first := claim(t, db.Pool, "k", "h")
-	if err := ledger.Abandon(ctx, db.Pool, "k", first.Row.ClaimedAt); err != nil {
-		t.Fatal(err)
-	}
-	const n = 20
+// claimAtOnce runs n claims with p released together and counts their
+// outcomes.
+func claimAtOnce(t *testing.T, db ledger.DBTX, n int, p ledger.ClaimParams) map[ledger.Outcome]int {
+	t.Helper()
 	gate := make(chan struct{})
 	results := make(chan ledger.Outcome, n)
 	var wg sync.WaitGroup
@@ -126,7 +127,7 @@ func TestConcurrentReclaimOneWinner(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-gate
-			res, err := ledger.Claim(ctx, db.Pool, ledger.ClaimParams{Key: "k", Tool: "create_ticket", RequestHash: "h"})
+			res, err := ledger.Claim(ctx, db, p)
 			if err != nil {
 				t.Error(err)
 				return
@@ -141,8 +142,98 @@ func TestConcurrentReclaimOneWinner(t *testing.T) {
 	for o := range results {
 		counts[o]++
 	}
+	return counts
+}
+
+func TestConcurrentReclaimOneWinner(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	first := claim(t, db.Pool, "k", "h")
+	if err := ledger.Abandon(ctx, db.Pool, "k", first.Row.ClaimedAt); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	counts := claimAtOnce(t, db.Pool, n, ledger.ClaimParams{Key: "k", Tool: "create_ticket", RequestHash: "h"})
 	if counts[ledger.New] != 1 || counts[ledger.InFlight] != n-1 {
 		t.Fatalf("outcomes = %v", counts)
+	}
+}
+
+// TestConcurrentFirstClaimOneWinner: many claims of a key nobody holds yet,
+// at once: one is New, the others find it in flight (those whose snapshot
+// predates the winner's commit go round again), and there is one row.
+func TestConcurrentFirstClaimOneWinner(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	// Several rounds: a claim whose snapshot predates the winner's commit
+	// is a race, hit in some rounds only.
+	const n, rounds = 50, 10
+	for r := range rounds {
+		key := fmt.Sprintf("k%d", r)
+		counts := claimAtOnce(t, db.Pool, n, ledger.ClaimParams{Key: key, Tool: "create_ticket", RequestHash: "h"})
+		if counts[ledger.New] != 1 || counts[ledger.InFlight] != n-1 {
+			t.Fatalf("%s: outcomes = %v", key, counts)
+		}
+	}
+	if got := db.Count(t, "idempotency_keys WHERE status = 'processing'"); got != rounds {
+		t.Fatalf("%d processing rows, want %d", got, rounds)
+	}
+}
+
+// statementCounter counts the statements a pool sends.
+type statementCounter struct{ n atomic.Int64 }
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestClaimIsOneStatement: whatever the claim finds (a new key, a replay,
+// a key in flight, other arguments, a re-claim), it costs one round trip.
+func TestClaimIsOneStatement(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := &statementCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	step := func(what, key, hash string, want ledger.Outcome) ledger.ClaimResult {
+		t.Helper()
+		before := counter.n.Load()
+		res := claim(t, pool, key, hash)
+		if res.Outcome != want {
+			t.Fatalf("%s: outcome %v, want %v", what, res.Outcome, want)
+		}
+		if n := counter.n.Load() - before; n != 1 {
+			t.Fatalf("%s: %d statements, want 1", what, n)
+		}
+		return res
+	}
+	first := step("new key", "k", "h", ledger.New)
+	step("in flight", "k", "h", ledger.InFlight)
+	step("other arguments", "k", "other", ledger.FingerprintMismatch)
+	if err := ledger.Abandon(ctx, pool, "k", first.Row.ClaimedAt); err != nil {
+		t.Fatal(err)
+	}
+	second := step("re-claim", "k", "h", ledger.New)
+	if !second.Row.ClaimedAt.After(first.Row.ClaimedAt) || second.Row.Status != ledger.StatusProcessing {
+		t.Fatalf("re-claim row = %+v", second.Row)
+	}
+	if err := ledger.Complete(ctx, pool, "k", second.Row.ClaimedAt, 201, json.RawMessage(`{"id":"T-1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	replay := step("replay", "k", "h", ledger.Replay)
+	if *replay.Row.ResponseCode != 201 || string(replay.Row.ResponseBody) != `{"id": "T-1"}` {
+		t.Fatalf("replay row = %v %s", replay.Row.ResponseCode, replay.Row.ResponseBody)
 	}
 }
 

@@ -175,7 +175,7 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 			problem(w, http.StatusBadRequest, ProblemBodyInvalid, "Request body is not JSON", "the request body must be exactly one JSON value")
 			return
 		}
-		hash, _ := Fingerprint(canon)
+		hash := hashCanonical(canon) // canon is canonical: Fingerprint would redo it
 		res, err := Claim(r.Context(), cfg.DB, ClaimParams{
 			Key: key, Tool: cfg.Tool, RequestHash: hash, RequestBody: canon, TTL: cfg.TTL,
 		})

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Outcome is what Claim found.
@@ -75,54 +77,59 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) (ClaimResult, error) {
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
-	const insert = `INSERT INTO idempotency_keys (key, tool, request_hash, request_body, expires_at)
+	// One statement, so a replay (the common retry) costs one round trip:
+	// insert the key; else re-claim it when it failed_retryable with our
+	// hash (a retry of an attempt known not to have happened); else read
+	// the row as it stands. A re-claim's WHERE is re-evaluated on the
+	// latest row version, so of two concurrent retries only one wins.
+	// All three parts share the statement's snapshot (READ COMMITTED): a
+	// row another claim committed after it was taken is neither
+	// re-claimed nor read, and no row comes back. Then we go round again
+	// with a fresh snapshot, which sees the row that won (or, if it was
+	// purged meanwhile, none, and the insert wins).
+	const claim = `WITH ins AS (
+		INSERT INTO idempotency_keys (key, tool, request_hash, request_body, expires_at)
 		VALUES ($1, $2, $3, $4, now() + $5::interval)
 		ON CONFLICT (key) DO NOTHING
-		RETURNING ` + keyColumns
-	// A retry of an attempt known not to have happened re-claims the key.
-	// The WHERE is re-evaluated on the latest row version, so of two
-	// concurrent retries only one wins.
-	const reclaim = `UPDATE idempotency_keys
+		RETURNING ` + keyColumns + `
+	), re AS (
+		UPDATE idempotency_keys
 		SET status = 'processing', claimed_at = now(), updated_at = now(), heartbeat_at = NULL,
 		    response_code = NULL, response_body = NULL,
-		    expires_at = greatest(expires_at, now() + $3::interval)
-		WHERE key = $1 AND status = 'failed_retryable' AND request_hash = $2
-		RETURNING ` + keyColumns
-	// Each statement takes a fresh snapshot (READ COMMITTED), so the read
-	// after a conflict sees the row that won. A row purged in between makes
-	// us go round again.
+		    expires_at = greatest(expires_at, now() + $5::interval)
+		WHERE key = $1 AND status = 'failed_retryable' AND request_hash = $3
+		RETURNING ` + keyColumns + `
+	)
+	SELECT true, ` + keyColumns + ` FROM ins
+	UNION ALL
+	SELECT true, ` + keyColumns + ` FROM re
+	UNION ALL
+	SELECT false, ` + keyColumns + ` FROM idempotency_keys
+	WHERE key = $1 AND NOT EXISTS (SELECT FROM ins) AND NOT EXISTS (SELECT FROM re)`
 	for range 5 {
-		row, err := scanKey(db.QueryRow(ctx, insert, p.Key, p.Tool, p.RequestHash, nullJSON(p.RequestBody), ttl))
-		if err == nil {
-			return ClaimResult{Outcome: New, Row: row}, nil
-		}
-		if !errors.Is(wrap("", err), ErrNotFound) {
-			return ClaimResult{}, wrap("claim key", err)
-		}
-		row, err = scanKey(db.QueryRow(ctx, reclaim, p.Key, p.RequestHash, ttl))
-		if err == nil {
-			return ClaimResult{Outcome: New, Row: row}, nil
-		}
-		if !errors.Is(wrap("", err), ErrNotFound) {
-			return ClaimResult{}, wrap("re-claim key", err)
-		}
-		existing, err := Get(ctx, db, p.Key)
-		if errors.Is(err, ErrNotFound) {
-			continue
+		var claimed bool
+		var k Key
+		err := db.QueryRow(ctx, claim, p.Key, p.Tool, p.RequestHash, nullJSON(p.RequestBody), ttl).Scan(&claimed,
+			&k.Key, &k.Tool, &k.RequestHash, &k.RequestBody, &k.Status, &k.ResponseCode,
+			&k.ResponseBody, &k.CreatedAt, &k.ClaimedAt, &k.UpdatedAt, &k.ExpiresAt, &k.HeartbeatAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // changed after our snapshot: look again
 		}
 		if err != nil {
-			return ClaimResult{}, err
+			return ClaimResult{}, wrap("claim key", err)
 		}
 		switch {
-		case existing.RequestHash != p.RequestHash:
-			return ClaimResult{Outcome: FingerprintMismatch, Row: existing}, nil
-		case existing.Status == StatusCompleted:
-			return ClaimResult{Outcome: Replay, Row: existing}, nil
-		case existing.Status == StatusProcessing:
-			return ClaimResult{Outcome: InFlight, Row: existing}, nil
+		case claimed:
+			return ClaimResult{Outcome: New, Row: k}, nil
+		case k.RequestHash != p.RequestHash:
+			return ClaimResult{Outcome: FingerprintMismatch, Row: k}, nil
+		case k.Status == StatusCompleted:
+			return ClaimResult{Outcome: Replay, Row: k}, nil
+		case k.Status == StatusProcessing:
+			return ClaimResult{Outcome: InFlight, Row: k}, nil
 		}
 		// failed_retryable with our hash, yet the re-claim lost: another
-		// retry re-claimed it between our statements. Look again.
+		// retry re-claimed it after our snapshot. Look again.
 	}
 	return ClaimResult{}, fmt.Errorf("claim key: the row kept changing under us")
 }

@@ -64,6 +64,12 @@ func TestBuiltInPatterns(t *testing.T) {
 		{"host=db password='with space' dbname=x", "host=db password=" + Mask + " dbname=x"},
 		{"GET /v1?idempotency_key=k&api_key=abc123&x=1", "GET /v1?idempotency_key=k&api_key=" + Mask + "&x=1"},
 		{"Authorization: Bearer eyJhbGciOi.J9x", "Authorization: Bearer " + Mask},
+		// Every scheme passes the prefilter that spares the regexp.
+		{"auth: bearer eyJhbGciOi.J9x", "auth: bearer " + Mask},
+		{"auth: BEARER eyJhbGciOi.J9x", "auth: BEARER " + Mask},
+		{"auth: Basic dXNlcjpwYXNz1", "auth: Basic " + Mask},
+		{"auth: basic dXNlcjpwYXNz1", "auth: basic " + Mask},
+		{"auth: Token 0123456789abcdef", "auth: Token " + Mask},
 		{"token xoxb-123-456-abc", "token xox?-" + Mask},
 		{"post https://hooks.slack.com/services/T0/B0/XYZ: 404", "post https://hooks.slack.com/" + Mask + ": 404"},
 		// Prose and URLs without credentials stay as they are.
