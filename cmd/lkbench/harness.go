@@ -42,8 +42,19 @@ func startServer(ctx context.Context, url string, logf func(string, ...any)) (*s
 	if url != "" {
 		return &server{adminURL: url, stop: func() {}}, nil
 	}
-	logf("starting an ephemeral durable PostgreSQL cluster (fsync on)")
-	srv, err := pgembed.Start(ctx, pgembed.Options{Durable: true, Settings: benchSettings, StartTimeout: 2 * time.Minute})
+	return startEphemeral(ctx, true, logf)
+}
+
+// startEphemeral starts a cluster with benchSettings; durable false turns
+// fsync, synchronous_commit and full_page_writes off (the test harness's
+// cluster), to compare commit costs.
+func startEphemeral(ctx context.Context, durable bool, logf func(string, ...any)) (*server, error) {
+	if durable {
+		logf("starting an ephemeral durable PostgreSQL cluster (fsync on)")
+	} else {
+		logf("starting an ephemeral PostgreSQL cluster with fsync and synchronous_commit off")
+	}
+	srv, err := pgembed.Start(ctx, pgembed.Options{Durable: durable, Settings: benchSettings, StartTimeout: 2 * time.Minute})
 	if err != nil {
 		return nil, err
 	}

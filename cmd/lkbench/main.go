@@ -3,6 +3,8 @@
 //
 //	lkbench purge [flags]   purge variants side by side under a fixed-rate writer
 //	lkbench rss [flags]     memory of a pass over backlogs of several sizes
+//	lkbench reconcile [flags]   reconcile throughput, durable vs non-durable commits
+//	lkbench hotpath [flags]     the tool side's middleware against the raw minimum
 //
 // Each subcommand runs against an ephemeral durable cluster started from the
 // local PostgreSQL binaries (fsync on, so WAL and commit costs are real), or
@@ -26,8 +28,10 @@ var subcommands = map[string]struct {
 	summary string
 	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }{
-	"purge": {"purge variants side by side under a fixed-rate claim+complete writer", runPurge},
-	"rss":   {"peak RSS of the ledgerkeeper binary's pass over stuck backlogs of several sizes", runRSS},
+	"purge":     {"purge variants side by side under a fixed-rate claim+complete writer", runPurge},
+	"rss":       {"peak RSS of the ledgerkeeper binary's pass over stuck backlogs of several sizes", runRSS},
+	"hotpath":   {"ledger.Middleware against the raw minimum at open-loop arrival rates; Claim under contention", runHotPath},
+	"reconcile": {"reconcile throughput against a 20 ms downstream, durable and non-durable clusters side by side", runReconcile},
 }
 
 func main() {
