@@ -217,9 +217,13 @@ type probed struct {
 }
 
 // writerCount sizes the pool of decision writers: a decision is a few
-// milliseconds of database time against tens of a probe.
+// milliseconds of database time against tens of a probe. Few writers make
+// big groups: the per-transaction statements (BEGIN, the locking read, the
+// breaker count, COMMIT and its WAL flush) are shared by more keys. At
+// concurrency 32, two writers instead of eight cut PostgreSQL's CPU per
+// key by a quarter (BENCHMARKS.md, "Reconcile with durable commits").
 func writerCount(concurrency int) int {
-	return min(max(concurrency/4, 2), 16)
+	return min(max(concurrency/16, 2), 16)
 }
 
 // toolRun is one tool's share of a pass.
