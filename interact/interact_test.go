@@ -561,6 +561,17 @@ func TestReplayedRequestIsRefused(t *testing.T) {
 	}
 	eq(t, "release audit rows", r.db.Count(t, "reconcile_audit WHERE key = $1 AND action = 'release'", key), 1)
 	eq(t, "answers", len(r.srv.Calls("response_url")), 1)
+
+	// A form's submission delivered twice (two transports, two replicas):
+	// handled once, the second acknowledged and closed without a word.
+	r.click(t, hAlice, ts, r.control(t, ts, alerts.ActionIDHold, key))
+	sub := slacktest.ViewSubmission(t, r.lastView(t), hAlice, vals(inReason, "again"))
+	r.submit(t, hAlice, r.lastView(t), vals(inReason, "again"))
+	if ack, err := r.h.Handle(bg, sub); err != nil || ack == nil || ack.(*slack.ViewSubmissionResponse).ResponseAction != slack.RAClear {
+		t.Fatalf("second delivery: %v, %v", ack, err)
+	}
+	eq(t, "hold audit rows", r.db.Count(t, "reconcile_audit WHERE key = $1 AND action = 'hold'", key), 2)
+	eq(t, "answers", len(r.srv.Calls("response_url")), 2)
 }
 
 // A Slack user not in the operators list, or not allowed this action, is
