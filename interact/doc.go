@@ -4,20 +4,116 @@
 // exactly as the command line does (compare-and-set, the same refusals, the
 // same audit rows).
 //
-// Slack actions are operator actions: nothing here writes the ledger
-// except through operator.Resolve, operator.Hold and operator.Release, and
-// no Slack action can Force.
+// # Slack actions are operator actions
+//
+// Nothing here writes the ledger except through operator.Resolve,
+// operator.Hold and operator.Release, with the serve configuration's
+// windows (Config.Windows: in flight is judged by the database's clock,
+// as the CLI's resolve judges it). No Slack action can Force: a key in
+// flight, a 5xx outcome and a held key are refused as the CLI refuses them
+// without --force; replacing a hold is left to `ledgerkeeper hold
+// --replace`. The one row interact writes itself is the audit row of a
+// refused user (below), and the seen-set.
+//
+// # Who did it
+//
+// The actor of every audit row and hold is exactly slack:<user id>. The
+// operator's mapped name (Config.Operators) goes where the CLI writes its
+// reason, so it reads with the decision: a hold's reason and a resolve's
+// reason (in the audit row's evidence) end in "(by alice via Slack)"; a
+// release, which has no reason, carries the note "released (by alice via
+// Slack)" in its audit row's error column, where a hold keeps its reason.
+// The alert message gains a context line per action, "alice marked `KEY`
+// retryable at 13:02 UTC".
+//
+// # The actions
+//
+//   - Inspect (lk_inspect): answers the user alone (ephemeral) with what
+//     `ledgerkeeper inspect` shows: the row judged by the database's clock,
+//     the reconcile state of its current claim, the hold, open alerts and
+//     the newest 5 audit entries; everything from the ledger redacted and
+//     escaped. Changes nothing.
+//   - Hold (lk_hold): a form asks for the reason, then operator.Hold.
+//   - Release (lk_release): operator.Release, after Slack's confirmation
+//     on the buttons (an overflow menu's options cannot ask for one).
+//   - Mark retryable (lk_retryable): Slack's confirmation says what the
+//     retry will do ("the next retry of KEY will run TOOL again"), a form
+//     asks for the reason, then operator.Resolve with MarkRetryable.
+//   - Store outcome (lk_outcome): a form asks for the status code, the JSON
+//     body and the reason; mistakes come back under their fields (a 5xx,
+//     not a number, not JSON, no reason; the operator package's Validate
+//     has the last word); then a pushed confirmation says what every retry
+//     will receive; its submission is operator.Resolve with MarkCompleted.
+//
+// A settled key (completed, or failed_retryable for Mark retryable) is
+// told at the click, with no form; the submission is judged again by the
+// operator package, so a key the reconciler or the original attempt
+// settled while the form was open is refused there, nothing written. Two
+// operators acting on one key at once: the row lock and compare-and-set of
+// the operator package let one win; the other is told why nothing
+// happened. The answer (ephemeral, through the interaction's response_url,
+// else chat.postEphemeral) says in plain words what happened or why it was
+// refused. A resolve resolves the key's open alerts in its transaction
+// (operator.Resolve); a hold or release does not, as on the CLI.
+//
+// A form carries the key, the alert message (channel, ts) and the
+// response_url in its private_metadata, so the submission can answer and
+// update the message (read back with conversations.history, then
+// chat.update keeping its blocks: the bot needs channels:history, or
+// groups:history in a private channel, besides chat:write).
+//
+// # Grouped messages
+//
+// A message about one key carries the five buttons; a message listing
+// several keys gives each an overflow menu of the five actions (Slack's
+// five options; values "ACTION_ID:KEY" within 150 characters, so any key
+// of the column's 128 fits); a message counting more keys than it lists
+// adds a picker of the rest (up to 100), whose answer is the picked key's
+// buttons, acting on the alert message (their block_id names it,
+// alerts.OriginBlockID). alerts.Config.Interactive switches all of it on;
+// resolved notices never carry controls.
+//
+// # Authorization
+//
+// Only Slack users in Config.Operators may act, each optionally limited to
+// some actions (Operator.Actions; empty: all). Anyone else, at the click
+// and again at a form's submission, is answered "not allowed" (with their
+// user ID, to ask for it), logged, and audited on the key when it is in the
+// ledger: a reconcile_audit row with verdict "operator", action
+// ActionSlackRefused ("slack_refused"), actor slack:<user id> and what was
+// attempted. It changes nothing else: the key's status, hold and alerts
+// stay, and no self-check or decision reads that action.
+//
+// # Transports and the seen-set
+//
+// Handle takes one interaction payload (block_actions or view_submission)
+// whichever transport brought it: Socket Mode (socketmode.go) or the HTTP
+// endpoint HTTPHandler, which verifies Slack's signature over the raw body
+// (slack.NewSecretsVerifier: HMAC-SHA256 with the signing secret,
+// timestamps more than 5 minutes off refused, 401) and refuses a replayed
+// request (409) before anything else.
+//
+// Claim is the seen-set, table slack_seen, shared by replicas through the
+// database (INSERT … ON CONFLICT, one winner; an expired identity may be
+// claimed again; expired rows deleted in bounded batches by the claims that
+// follow). Identities: a signed request's timestamp and signature (the
+// replay), a click's user + action_ts + action_id, and a form's view id +
+// hash, claimed once the form is complete (a form sent back with errors
+// can be submitted again). So the same action, delivered twice by a retry,
+// by both transports or to two replicas, is handled once, by one replica.
+//
+// # Secrets
+//
+// The signing secret is registered in the Redactor (HTTPHandler) and the
+// bot token is the caller's to register; errors are redacted before they
+// are logged; a response_url (a capability) is never logged (the
+// redactor's patterns mask Slack's hooks URLs in errors). No answer, form
+// or message carries a secret.
 //
 // # Wiring
 //
-// New builds a Handler from Config. Handle takes one interaction payload
-// (block_actions or view_submission) whichever transport brought it;
-// HTTPHandler is the /slack/interactions endpoint (signature check, replay
-// refusal, then Handle). Claim is the seen-set shared by replicas through
-// the database (table slack_seen): a delivery handled by one replica is
-// not handled again by another, nor twice by one.
-//
-// The alert renderer draws the action buttons only when the dispatcher's
-// alerts.Config.Interactive is true; turn it on when a transport is
-// configured, or buttons would lead nowhere.
+// New builds a Handler from Config (a pool and a bot-token client are
+// required). The alert renderer draws the controls only when the
+// dispatcher's alerts.Config.Interactive is true; turn it on when a
+// transport is configured, or the buttons would lead nowhere.
 package interact
