@@ -89,6 +89,10 @@ type Config struct {
 	// Clock is the time source of the budget and the pacing. Default the
 	// real clock; tests substitute their own.
 	Clock Clock
+	// BatchShape is how a batch deletes the keys it chose (by ctid or by
+	// primary key). Not a configuration key: lkbench compares the shapes.
+	// Default store.DefaultPurgeShape.
+	BatchShape store.PurgeShape
 }
 
 func (c Config) withDefaults() Config {
@@ -105,6 +109,7 @@ func (c Config) withDefaults() Config {
 	c.RenotifyAfter = cmp.Or(c.RenotifyAfter, DefaultRenotifyAfter)
 	c.MaxAlertsPerPass = cmp.Or(c.MaxAlertsPerPass, DefaultMaxAlertsPerPass)
 	c.Actor = cmp.Or(c.Actor, DefaultActor)
+	c.BatchShape = cmp.Or(c.BatchShape, store.DefaultPurgeShape)
 	if c.Clock == nil {
 		c.Clock = realClock{}
 	}
@@ -149,6 +154,8 @@ func (c Config) mustValidate() {
 		panic("expiry: negative MaxAlertsPerPass")
 	case c.Alerts == nil:
 		panic("expiry: Config.Alerts is required (internal/daemon.PurgeAlerts)")
+	case !c.BatchShape.Known():
+		panic(fmt.Sprintf("expiry: unknown BatchShape %q", c.BatchShape))
 	}
 }
 
@@ -374,7 +381,7 @@ func (p *Purger) pass(ctx context.Context, conn *pgx.Conn, rep *Report, deadline
 	var cursor store.PurgeCursor
 	out, err := p.paced(ctx, rep, pc, deadline, func(ctx context.Context, size int) (bool, error) {
 		p.metrics.setBatchSize(size)
-		res, err := store.PurgeExpiredBatch(ctx, conn, p.cfg.policy(), cursor, size)
+		res, err := store.PurgeExpiredBatchBy(ctx, conn, p.cfg.BatchShape, p.cfg.policy(), cursor, size)
 		if err != nil {
 			return false, err
 		}

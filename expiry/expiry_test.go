@@ -112,19 +112,26 @@ func run(t *testing.T, p *expiry.Purger) expiry.Report {
 	return rep
 }
 
+// ruleCase is one retention rule, alone.
+type ruleCase struct {
+	name      string
+	status    string
+	tool      string
+	age       time.Duration
+	expiresIn time.Duration
+	cfg       expiry.Config
+	held      bool
+	wantGone  bool
+}
+
+// shapes are the batch shapes the purge's safety tests run with: every rule
+// must hold whichever way a batch deletes.
+var shapes = []store.PurgeShape{store.PurgeByCTID, store.PurgeByKey}
+
 // Each retention rule, alone: is the key gone after one pass?
 func TestRules(t *testing.T) {
 	t.Parallel()
-	cases := []struct {
-		name      string
-		status    string
-		tool      string
-		age       time.Duration
-		expiresIn time.Duration
-		cfg       expiry.Config
-		held      bool
-		wantGone  bool
-	}{
+	cases := []ruleCase{
 		{name: "expired completed is purged", status: "completed", age: 3 * day, expiresIn: -day, wantGone: true},
 		{name: "expired failed_retryable is purged", status: "failed_retryable", age: 3 * day, expiresIn: -day, wantGone: true},
 		{name: "expired processing is kept", status: "processing", age: 3 * day, expiresIn: -day},
@@ -140,32 +147,40 @@ func TestRules(t *testing.T) {
 		{name: "held expired completed is kept", status: "completed", age: 3 * day, expiresIn: -day, held: true},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			b := setup(t)
-			tool := tc.tool
-			if tool == "" {
-				tool = "create_ticket"
-			}
-			b.key(t, "k", tool, tc.status, tc.age, tc.expiresIn)
-			b.key(t, "control", tool, "completed", 30*day, -20*day) // always purgeable under these floors
-			if tc.held {
-				b.db.Exec(t, `INSERT INTO key_holds (key, reason, actor) VALUES ('k', 'investigating', 'alice')`)
-			}
-			rep := run(t, b.purger(tc.cfg))
-			if gone := !b.exists(t, "k"); gone != tc.wantGone {
-				t.Fatalf("key gone = %v; want %v (report %+v)", gone, tc.wantGone, rep)
-			}
-			if b.exists(t, "control") {
-				t.Fatal("the control key was not purged: the pass did not run")
-			}
-			want := int64(1)
-			if tc.wantGone {
-				want = 2
-			}
-			if rep.KeysDeleted != want || rep.DeletedFrom("idempotency_keys") != want {
-				t.Fatalf("report says %d deleted; want %d", rep.KeysDeleted, want)
-			}
-		})
+		for _, shape := range shapes {
+			t.Run(tc.name+"/"+string(shape), func(t *testing.T) {
+				c := tc // its own copy: the subtests run in parallel
+				c.cfg.BatchShape = shape
+				c.run(t)
+			})
+		}
+	}
+}
+
+func (tc ruleCase) run(t *testing.T) {
+	b := setup(t)
+	tool := tc.tool
+	if tool == "" {
+		tool = "create_ticket"
+	}
+	b.key(t, "k", tool, tc.status, tc.age, tc.expiresIn)
+	b.key(t, "control", tool, "completed", 30*day, -20*day) // always purgeable under these floors
+	if tc.held {
+		b.db.Exec(t, `INSERT INTO key_holds (key, reason, actor) VALUES ('k', 'investigating', 'alice')`)
+	}
+	rep := run(t, b.purger(tc.cfg))
+	if gone := !b.exists(t, "k"); gone != tc.wantGone {
+		t.Fatalf("key gone = %v; want %v (report %+v)", gone, tc.wantGone, rep)
+	}
+	if b.exists(t, "control") {
+		t.Fatal("the control key was not purged: the pass did not run")
+	}
+	want := int64(1)
+	if tc.wantGone {
+		want = 2
+	}
+	if rep.KeysDeleted != want || rep.DeletedFrom("idempotency_keys") != want {
+		t.Fatalf("report says %d deleted; want %d", rep.KeysDeleted, want)
 	}
 }
 
@@ -496,6 +511,13 @@ func TestBatchesThatKeepTimingOutFail(t *testing.T) {
 // they write is touched, including expired failed_retryable keys a retry
 // re-claims in the middle of the pass.
 func TestPurgeConcurrentWithWriters(t *testing.T) {
+	t.Parallel()
+	for _, shape := range shapes {
+		t.Run(string(shape), func(t *testing.T) { testPurgeConcurrentWithWriters(t, shape) })
+	}
+}
+
+func testPurgeConcurrentWithWriters(t *testing.T, shape store.PurgeShape) {
 	b := setup(t)
 	ctx := context.Background()
 	b.keys(t, "old", "create_ticket", "completed", 300, 3*day, -day)
@@ -559,7 +581,7 @@ func TestPurgeConcurrentWithWriters(t *testing.T) {
 			testwait.Wait(t, &wg, testwait.Timeout)
 		}
 	}
-	rep := run(t, b.purger(expiry.Config{BatchSize: 20}))
+	rep := run(t, b.purger(expiry.Config{BatchSize: 20, BatchShape: shape}))
 	if pauses < 3 {
 		t.Fatalf("only %d pauses: the writers did not overlap the purge", pauses)
 	}

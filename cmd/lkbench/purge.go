@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 )
 
@@ -68,6 +70,11 @@ type purgeResult struct {
 	// purge ran (or during the no-purge window): vacuum follows a purge.
 	Autovacuums int64 `json:"autovacuums_during"`
 	Checkpoints int64 `json:"checkpoints_during"`
+	// IndexSeconds and IndexBytes: the extra index's build time and size
+	// (":index=..."), beside the expires_at index's size.
+	IndexSeconds      float64 `json:"index_build_seconds,omitempty"`
+	IndexBytes        int64   `json:"index_bytes,omitempty"`
+	ExpiresIndexBytes int64   `json:"expires_at_index_bytes,omitempty"`
 	// Timeline is the writer's latency second by second, warm-up included.
 	Timeline []second `json:"timeline"`
 }
@@ -111,9 +118,9 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	for _, n := range names {
 		base, _, _ := strings.Cut(n, ":")
 		if _, ok := purgeVariants[base]; !ok {
-			return fmt.Errorf("unknown variant %q (want none, delete, river, ledgerkeeper[:batch=N][:duty=F][:target=D][:pause=D])", n)
+			return fmt.Errorf("unknown variant %q (want none, delete, river, ledgerkeeper[:batch=N][:duty=F][:target=D][:pause=D][:shape=ctid|key], any of them [:index=expires_key])", n)
 		}
-		if _, err := variantConfig(n, lkCfg); err != nil {
+		if _, _, err := variantConfig(n, lkCfg); err != nil {
 			return err
 		}
 	}
@@ -160,14 +167,35 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// variantConfig applies a variant's overrides ("ledgerkeeper:duty=0.15:batch=500")
-// to the purger's configuration.
-func variantConfig(name string, cfg expiry.Config) (expiry.Config, error) {
+// extraIndexes are the indexes a variant can add to its copy of the ledger
+// before the writer starts (":index=NAME"), so that both the purge that uses
+// it and the writer that maintains it are measured with it.
+var extraIndexes = map[string]string{
+	// The keyset order itself: the purge's candidates come out of it in
+	// (expires_at, key) order, with no sort of ties on expires_at.
+	"expires_key": `CREATE INDEX idempotency_keys_expires_at_key_idx ON idempotency_keys (expires_at, key)`,
+}
+
+// variantConfig applies a variant's overrides ("ledgerkeeper:duty=0.15:batch=500",
+// "ledgerkeeper:shape=key", "none:index=expires_key") to the purger's
+// configuration, and returns the extra index it asks for ("" for none).
+func variantConfig(name string, cfg expiry.Config) (expiry.Config, string, error) {
 	parts := strings.Split(name, ":")
+	index := ""
 	for _, kv := range parts[1:] {
 		k, v, _ := strings.Cut(kv, "=")
 		var err error
 		switch k {
+		case "shape":
+			cfg.BatchShape = store.PurgeShape(v)
+			if !cfg.BatchShape.Known() {
+				err = fmt.Errorf("unknown shape (want %s or %s)", store.PurgeByCTID, store.PurgeByKey)
+			}
+		case "index":
+			index = v
+			if _, ok := extraIndexes[v]; !ok {
+				err = errors.New("unknown index (want expires_key)")
+			}
 		case "batch":
 			_, err = fmt.Sscan(v, &cfg.BatchSize)
 		case "duty":
@@ -180,10 +208,10 @@ func variantConfig(name string, cfg expiry.Config) (expiry.Config, error) {
 			err = fmt.Errorf("unknown setting %q", k)
 		}
 		if err != nil {
-			return cfg, fmt.Errorf("variant %q: %s: %v", name, kv, err)
+			return cfg, "", fmt.Errorf("variant %q: %s: %v", name, kv, err)
 		}
 	}
-	return cfg, nil
+	return cfg, index, nil
 }
 
 func cmpOr[T comparable](v, def T) T {
@@ -275,6 +303,27 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 		return res, err
 	}
 	defer purgePool.Close()
+	kind, _, _ := strings.Cut(name, ":")
+	purge := purgeVariants[kind]
+	lkCfg, index, err := variantConfig(name, lkCfg)
+	if err != nil {
+		return res, err
+	}
+	if index != "" {
+		t := time.Now()
+		if _, err := adminPool.Exec(ctx, extraIndexes[index]); err != nil {
+			return res, fmt.Errorf("index %s: %w", index, err)
+		}
+		if _, err := adminPool.Exec(ctx, `ANALYZE idempotency_keys`); err != nil {
+			return res, err
+		}
+		res.IndexSeconds = round2(time.Since(t).Seconds())
+		if err := adminPool.QueryRow(ctx, `SELECT pg_relation_size('idempotency_keys_expires_at_key_idx'),
+			pg_relation_size('idempotency_keys_expires_at_idx')`).Scan(&res.IndexBytes, &res.ExpiresIndexBytes); err != nil {
+			return res, err
+		}
+		logf("%s: built index %s in %.1fs (%d MiB; the expires_at index: %d MiB)", name, index, res.IndexSeconds, res.IndexBytes>>20, res.ExpiresIndexBytes>>20)
+	}
 	// Same starting point for every variant: the table read once (OS
 	// cache), and a checkpoint (full-page images start afresh).
 	if _, err := purgePool.Exec(ctx, `SELECT count(*) FROM idempotency_keys`); err != nil {
@@ -315,11 +364,6 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 
 	vac0, err := maintenance(ctx, adminPool)
 	if err != nil {
-		return res, err
-	}
-	kind, _, _ := strings.Cut(name, ":")
-	purge := purgeVariants[kind]
-	if lkCfg, err = variantConfig(name, lkCfg); err != nil {
 		return res, err
 	}
 	t0 := time.Now()
@@ -415,6 +459,10 @@ func printPurgeResults(w io.Writer, results []purgeResult) {
 	}
 	tw.Flush()
 	for _, r := range results {
+		if r.IndexBytes > 0 {
+			fmt.Fprintf(w, "%s: extra index built in %.1f s, %.1f MiB (the expires_at index: %.1f MiB)\n",
+				r.Variant, r.IndexSeconds, float64(r.IndexBytes)/(1<<20), float64(r.ExpiresIndexBytes)/(1<<20))
+		}
 		if r.During.Errors+r.After.Errors > 0 {
 			fmt.Fprintf(w, "%s: %d writer requests failed\n", r.Variant, r.During.Errors+r.After.Errors)
 		}

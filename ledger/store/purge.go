@@ -177,6 +177,42 @@ var errHoldRace = errors.New("a key of the batch was put on hold meanwhile")
 // on the deleted row and finds the key gone. No row locks are taken before
 // the DELETE: that would double the batch's WAL.
 func PurgeExpiredBatch(ctx context.Context, db Beginner, p PurgePolicy, after PurgeCursor, limit int) (PurgeBatchResult, error) {
+	return PurgeExpiredBatchBy(ctx, db, DefaultPurgeShape, p, after, limit)
+}
+
+// PurgeShape is how a purge batch names the rows it chose when it deletes
+// them. Both shapes choose the same rows the same way (the expires_at index,
+// keyset order) and re-check the same predicate in the DELETE; they differ
+// in the lookup from a chosen row to the row deleted.
+type PurgeShape string
+
+const (
+	// PurgeByCTID deletes the chosen rows by their physical address (a TID
+	// scan): no index lookup per row, but ctid exists only in PostgreSQL.
+	PurgeByCTID PurgeShape = "ctid"
+	// PurgeByKey deletes the chosen rows by primary key (an index scan of
+	// idempotency_keys_pkey per row): what an engine without ctid
+	// (CockroachDB, YugabyteDB) can run.
+	PurgeByKey PurgeShape = "key"
+)
+
+// DefaultPurgeShape is the shape PurgeExpiredBatch uses; BENCHMARKS.md
+// ("Portable purge") has the measurement that chose it.
+const DefaultPurgeShape = PurgeByCTID
+
+// Known reports whether s is one of the shapes above.
+func (s PurgeShape) Known() bool {
+	_, ok := purgeBatchSQL[s]
+	return ok
+}
+
+// PurgeExpiredBatchBy is PurgeExpiredBatch with the shape of its DELETE
+// chosen by the caller (lkbench compares them; expiry.Config.BatchShape).
+func PurgeExpiredBatchBy(ctx context.Context, db Beginner, shape PurgeShape, p PurgePolicy, after PurgeCursor, limit int) (PurgeBatchResult, error) {
+	q, ok := purgeBatchSQL[shape]
+	if !ok {
+		panic(fmt.Sprintf("ledger: unknown purge shape %q", shape))
+	}
 	if limit <= 0 {
 		panic("ledger: PurgeExpiredBatch needs a positive limit")
 	}
@@ -187,7 +223,7 @@ func PurgeExpiredBatch(ctx context.Context, db Beginner, p PurgePolicy, after Pu
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 			var keys []string
 			var err error
-			res, keys, err = deletePurge(ctx, tx, p, after, limit)
+			res, keys, err = deletePurge(ctx, tx, q, p, after, limit)
 			if err != nil || len(keys) == 0 {
 				return err
 			}
@@ -206,13 +242,18 @@ func PurgeExpiredBatch(ctx context.Context, db Beginner, p PurgePolicy, after Pu
 	}
 }
 
-// deletePurge is step 1: choose up to limit purgeable rows after the cursor
-// and delete those still purgeable. It returns the deleted keys.
-func deletePurge(ctx context.Context, tx pgx.Tx, p PurgePolicy, after PurgeCursor, limit int) (PurgeBatchResult, []string, error) {
-	tools, floors, def := p.args()
-	at, key := after.args()
-	const q = `WITH chosen AS (
-	SELECT k.ctid, k.expires_at, k.key
+// purgeBatchSQL builds step 1 for each shape: choose up to $6 purgeable rows
+// after the cursor ($1, $5) in keyset order, delete those still purgeable,
+// and report the candidates, the new cursor and the deleted keys per tool
+// and status.
+var purgeBatchSQL = map[PurgeShape]string{
+	PurgeByCTID: purgeBatch("k.ctid, k.expires_at, k.key", "k.ctid = ANY (ARRAY(SELECT ctid FROM chosen))"),
+	PurgeByKey:  purgeBatch("k.expires_at, k.key", "k.key = ANY (ARRAY(SELECT key FROM chosen))"),
+}
+
+func purgeBatch(chosenCols, deleteWhere string) string {
+	return `WITH chosen AS (
+	SELECT ` + chosenCols + `
 	FROM idempotency_keys k
 	WHERE k.expires_at >= $1 AND (k.expires_at, k.key) > ($1::timestamptz, $5::text)
 	  AND ` + purgeable + `
@@ -220,7 +261,7 @@ func deletePurge(ctx context.Context, tx pgx.Tx, p PurgePolicy, after PurgeCurso
 	LIMIT $6
 ), gone AS (
 	DELETE FROM idempotency_keys k
-	WHERE k.ctid = ANY (ARRAY(SELECT ctid FROM chosen))
+	WHERE ` + deleteWhere + `
 	  AND ` + purgeable + `
 	RETURNING k.key, k.tool, k.status, k.expires_at
 ), last AS (
@@ -230,6 +271,14 @@ SELECT (SELECT count(*) FROM chosen), (SELECT expires_at FROM last), (SELECT key
        g.tool, g.status, count(g.key), min(g.expires_at), array_agg(g.key) FILTER (WHERE g.key IS NOT NULL)
 FROM (SELECT 1) one LEFT JOIN gone g ON true
 GROUP BY g.tool, g.status ORDER BY g.tool, g.status`
+}
+
+// deletePurge is step 1 (q, one of purgeBatchSQL): choose up to limit
+// purgeable rows after the cursor and delete those still purgeable. It
+// returns the deleted keys.
+func deletePurge(ctx context.Context, tx pgx.Tx, q string, p PurgePolicy, after PurgeCursor, limit int) (PurgeBatchResult, []string, error) {
+	tools, floors, def := p.args()
+	at, key := after.args()
 	rows, err := tx.Query(ctx, q, at, tools, floors, def, key, limit)
 	if err != nil {
 		return PurgeBatchResult{}, nil, err

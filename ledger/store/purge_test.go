@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -31,6 +32,23 @@ func exists(t *testing.T, db *pgtest.DB, key string) bool {
 	return db.Count(t, "idempotency_keys WHERE key = $1", key) == 1
 }
 
+// eachShape runs test once per purge shape (every one purgeBatchSQL
+// knows), as parallel subtests: each safety rule of a batch must hold
+// whichever way it deletes.
+func eachShape(t *testing.T, test func(t *testing.T, shape PurgeShape)) {
+	shapes := make([]PurgeShape, 0, len(purgeBatchSQL))
+	for s := range purgeBatchSQL {
+		shapes = append(shapes, s)
+	}
+	slices.Sort(shapes)
+	for _, shape := range shapes {
+		t.Run(string(shape), func(t *testing.T) {
+			t.Parallel()
+			test(t, shape)
+		})
+	}
+}
+
 // waitBlocked polls until some session of the test's database waits on a
 // lock (the statement running in the background has reached a locked row).
 func waitBlocked(t *testing.T, db *pgtest.DB) {
@@ -42,41 +60,43 @@ func waitBlocked(t *testing.T, db *pgtest.DB) {
 
 // A failed_retryable key that a retry re-claims while the DELETE waits on
 // it is re-checked on its new version (now processing) and kept: the
-// DELETE's own WHERE re-validates what the ctid points to.
+// DELETE's own WHERE re-validates the row its ctid or key names.
 func TestPurgeBatchRechecksRowReclaimedMidStatement(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	ctx := context.Background()
-	putKey(t, db, "a", "t", ledger.StatusFailedRetryable, 3*day, -day)
-	putKey(t, db, "b", "t", ledger.StatusFailedRetryable, 3*day, -day)
+	eachShape(t, func(t *testing.T, shape PurgeShape) {
+		db := pgtest.New(t)
+		ctx := context.Background()
+		putKey(t, db, "a", "t", ledger.StatusFailedRetryable, 3*day, -day)
+		putKey(t, db, "b", "t", ledger.StatusFailedRetryable, 3*day, -day)
 
-	retry, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer retry.Rollback(ctx)
-	res, err := ledger.Claim(ctx, retry, ledger.ClaimParams{Key: "a", Tool: "t", RequestHash: "h"})
-	if err != nil || res.Outcome != ledger.New {
-		t.Fatalf("re-claim: %v %v", res.Outcome, err)
-	}
-	done := make(chan PurgeBatchResult, 1)
-	go func() {
-		res, err := PurgeExpiredBatch(ctx, db.Pool, PurgePolicy{MinAge: day}, PurgeCursor{}, 10)
+		retry, err := db.Pool.Begin(ctx)
 		if err != nil {
-			t.Error(err)
+			t.Fatal(err)
 		}
-		done <- res
-	}()
-	waitBlocked(t, db)
-	if err := retry.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := testwait.Recv(t, done, testwait.Timeout); got.Keys != 1 || got.Candidates != 2 {
-		t.Fatalf("deleted %d of %d candidates; want 1 of 2", got.Keys, got.Candidates)
-	}
-	if !exists(t, db, "a") || exists(t, db, "b") {
-		t.Fatal("want the re-claimed key kept and the other deleted")
-	}
+		defer retry.Rollback(ctx)
+		res, err := ledger.Claim(ctx, retry, ledger.ClaimParams{Key: "a", Tool: "t", RequestHash: "h"})
+		if err != nil || res.Outcome != ledger.New {
+			t.Fatalf("re-claim: %v %v", res.Outcome, err)
+		}
+		done := make(chan PurgeBatchResult, 1)
+		go func() {
+			res, err := PurgeExpiredBatchBy(ctx, db.Pool, shape, PurgePolicy{MinAge: day}, PurgeCursor{}, 10)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- res
+		}()
+		waitBlocked(t, db)
+		if err := retry.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := testwait.Recv(t, done, testwait.Timeout); got.Keys != 1 || got.Candidates != 2 {
+			t.Fatalf("deleted %d of %d candidates; want 1 of 2", got.Keys, got.Candidates)
+		}
+		if !exists(t, db, "a") || exists(t, db, "b") {
+			t.Fatal("want the re-claimed key kept and the other deleted")
+		}
+	})
 }
 
 // A key an operator puts on hold while the batch waits on its row is never
@@ -84,107 +104,113 @@ func TestPurgeBatchRechecksRowReclaimedMidStatement(t *testing.T) {
 // chosen again without it.
 func TestPurgeBatchHoldRace(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	ctx := context.Background()
-	putKey(t, db, "a", "t", ledger.StatusCompleted, 3*day, -day)
-	putKey(t, db, "b", "t", ledger.StatusCompleted, 3*day, -day)
-	db.Exec(t, `INSERT INTO reconcile_state (key, tool, claimed_at) VALUES ('a', 't', now()), ('b', 't', now())`)
+	eachShape(t, func(t *testing.T, shape PurgeShape) {
+		db := pgtest.New(t)
+		ctx := context.Background()
+		putKey(t, db, "a", "t", ledger.StatusCompleted, 3*day, -day)
+		putKey(t, db, "b", "t", ledger.StatusCompleted, 3*day, -day)
+		db.Exec(t, `INSERT INTO reconcile_state (key, tool, claimed_at) VALUES ('a', 't', now()), ('b', 't', now())`)
 
-	op, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Rollback(ctx)
-	if err := PutHold(ctx, op, "a", "investigating", "alice"); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan PurgeBatchResult, 1)
-	go func() {
-		res, err := PurgeExpiredBatch(ctx, db.Pool, PurgePolicy{MinAge: day}, PurgeCursor{}, 10)
+		op, err := db.Pool.Begin(ctx)
 		if err != nil {
-			t.Error(err)
+			t.Fatal(err)
 		}
-		done <- res
-	}()
-	waitBlocked(t, db)
-	if err := op.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	got := testwait.Recv(t, done, testwait.Timeout)
-	if got.HoldRaces != 1 || got.Keys != 1 || got.States != 1 {
-		t.Fatalf("result %+v; want one hold race, then b and its state deleted", got)
-	}
-	if !exists(t, db, "a") || exists(t, db, "b") || db.Count(t, "reconcile_state WHERE key = 'a'") != 1 {
-		t.Fatal("want the held key and its state kept, the other deleted")
-	}
+		defer op.Rollback(ctx)
+		if err := PutHold(ctx, op, "a", "investigating", "alice"); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan PurgeBatchResult, 1)
+		go func() {
+			res, err := PurgeExpiredBatchBy(ctx, db.Pool, shape, PurgePolicy{MinAge: day}, PurgeCursor{}, 10)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- res
+		}()
+		waitBlocked(t, db)
+		if err := op.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := testwait.Recv(t, done, testwait.Timeout)
+		if got.HoldRaces != 1 || got.Keys != 1 || got.States != 1 {
+			t.Fatalf("result %+v; want one hold race, then b and its state deleted", got)
+		}
+		if !exists(t, db, "a") || exists(t, db, "b") || db.Count(t, "reconcile_state WHERE key = 'a'") != 1 {
+			t.Fatal("want the held key and its state kept, the other deleted")
+		}
+	})
 }
 
 // A hold that comes after the batch's DELETE waits for it and finds the key
 // gone: it never holds a deleted key.
 func TestHoldAfterPurgeFindsKeyGone(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	ctx := context.Background()
-	putKey(t, db, "a", "t", ledger.StatusCompleted, 3*day, -day)
-	purge, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer purge.Rollback(ctx)
-	if _, _, err := deletePurge(ctx, purge, PurgePolicy{MinAge: day}, PurgeCursor{}, 10); err != nil {
-		t.Fatal(err)
-	}
-	held := make(chan error, 1)
-	go func() {
-		held <- pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return PutHold(ctx, tx, "a", "r", "alice") })
-	}()
-	waitBlocked(t, db)
-	if err := purge.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := testwait.Recv(t, held, testwait.Timeout); !errors.Is(err, ledger.ErrNotFound) {
-		t.Fatalf("hold of a purged key: %v; want ErrNotFound", err)
-	}
-	if db.Count(t, "key_holds") != 0 {
-		t.Fatal("a hold was recorded for a purged key")
-	}
+	eachShape(t, func(t *testing.T, shape PurgeShape) {
+		db := pgtest.New(t)
+		ctx := context.Background()
+		putKey(t, db, "a", "t", ledger.StatusCompleted, 3*day, -day)
+		purge, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer purge.Rollback(ctx)
+		if _, _, err := deletePurge(ctx, purge, purgeBatchSQL[shape], PurgePolicy{MinAge: day}, PurgeCursor{}, 10); err != nil {
+			t.Fatal(err)
+		}
+		held := make(chan error, 1)
+		go func() {
+			held <- pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return PutHold(ctx, tx, "a", "r", "alice") })
+		}()
+		waitBlocked(t, db)
+		if err := purge.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := testwait.Recv(t, held, testwait.Timeout); !errors.Is(err, ledger.ErrNotFound) {
+			t.Fatalf("hold of a purged key: %v; want ErrNotFound", err)
+		}
+		if db.Count(t, "key_holds") != 0 {
+			t.Fatal("a hold was recorded for a purged key")
+		}
+	})
 }
 
 // Keyset paging walks (expires_at, key) even through ties, and a batch never
 // returns a row twice.
 func TestPurgeExpiredBatchKeysetThroughTies(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	ctx := context.Background()
-	// 7 purgeable rows and 3 kept ones sharing one expires_at.
-	db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, status, created_at, expires_at)
-		SELECT 'k' || i, 't', 'h', CASE WHEN i % 3 = 0 THEN 'processing' ELSE 'completed' END,
-		       now() - interval '3 days', date_trunc('day', now()) - interval '1 day'
-		FROM generate_series(1, 10) i`)
-	var cur PurgeCursor
-	var total int64
-	batches := 0
-	for {
-		res, err := PurgeExpiredBatch(ctx, db.Pool, PurgePolicy{MinAge: day}, cur, 2)
-		if err != nil {
-			t.Fatal(err)
+	eachShape(t, func(t *testing.T, shape PurgeShape) {
+		db := pgtest.New(t)
+		ctx := context.Background()
+		// 7 purgeable rows and 3 kept ones sharing one expires_at.
+		db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, status, created_at, expires_at)
+			SELECT 'k' || i, 't', 'h', CASE WHEN i % 3 = 0 THEN 'processing' ELSE 'completed' END,
+			       now() - interval '3 days', date_trunc('day', now()) - interval '1 day'
+			FROM generate_series(1, 10) i`)
+		var cur PurgeCursor
+		var total int64
+		batches := 0
+		for {
+			res, err := PurgeExpiredBatchBy(ctx, db.Pool, shape, PurgePolicy{MinAge: day}, cur, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			batches++
+			total += res.Keys
+			cur = res.Next
+			if res.Done {
+				break
+			}
+			if batches > 10 {
+				t.Fatal("keyset paging does not progress")
+			}
 		}
-		batches++
-		total += res.Keys
-		cur = res.Next
-		if res.Done {
-			break
+		if total != 7 || batches != 4 {
+			t.Fatalf("deleted %d in %d batches; want 7 in 4", total, batches)
 		}
-		if batches > 10 {
-			t.Fatal("keyset paging does not progress")
+		if n := db.Count(t, "idempotency_keys"); n != 3 {
+			t.Fatalf("%d rows left; want the 3 processing ones", n)
 		}
-	}
-	if total != 7 || batches != 4 {
-		t.Fatalf("deleted %d in %d batches; want 7 in 4", total, batches)
-	}
-	if n := db.Count(t, "idempotency_keys"); n != 3 {
-		t.Fatalf("%d rows left; want the 3 processing ones", n)
-	}
+	})
 }
 
 // A statement past the session's timeout becomes ErrBatchTimeout.
