@@ -171,7 +171,9 @@ func (h *Handler) release(ctx context.Context, w where, user string, op Operator
 }
 
 func (h *Handler) openModal(ctx context.Context, trigger string, w where, user string, v slack.ModalViewRequest) error {
-	if _, err := h.cfg.Slack.OpenViewContext(ctx, trigger, v); err != nil {
+	vctx, cancel := followUp(ctx)
+	defer cancel()
+	if _, err := h.cfg.Slack.OpenViewContext(vctx, trigger, v); err != nil {
 		h.reply(ctx, w, user, "Slack would not open the form (it must open within 3 seconds of the click): click again. Nothing changed.")
 		return fmt.Errorf("views.open: %w", err)
 	}

@@ -102,6 +102,11 @@
 // can be submitted again). So the same action, delivered twice by a retry,
 // by both transports or to two replicas, is handled once, by one replica.
 //
+// Handle does its work before it returns, since a form's answer is its
+// acknowledgement: the operator package's transaction, then up to three
+// Slack calls (views.open, or the answer and the message's update), each
+// bounded by FollowUpTimeout and not cancelled when the request is.
+//
 // # Secrets
 //
 // The signing secret is registered in the Redactor (HTTPHandler) and the

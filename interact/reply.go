@@ -23,6 +23,8 @@ import (
 // gave one, else chat.postEphemeral in the alert's channel. A failure is
 // logged: the action's effect, if any, is in the ledger and the message.
 func (h *Handler) reply(ctx context.Context, w where, user, text string, blocks ...slack.Block) {
+	ctx, cancel := followUp(ctx)
+	defer cancel()
 	if w.ResponseURL != "" {
 		err := h.postResponse(ctx, w.ResponseURL, map[string]any{
 			"response_type": "ephemeral", "replace_original": false, "text": text, "blocks": replyBlocks(text, blocks),
@@ -46,6 +48,18 @@ func replyBlocks(text string, blocks []slack.Block) []slack.Block {
 		return blocks
 	}
 	return []slack.Block{mrkdwn(text)}
+}
+
+// FollowUpTimeout bounds the Slack calls that follow an action (the
+// answer, the message's update): Slack waits 3 seconds for the
+// acknowledgement, which a transport sends once Handle returns.
+const FollowUpTimeout = 2 * time.Second
+
+// followUp is the context of a follow-up: bounded, and not cancelled with
+// the request (an action written must still be answered when Slack hangs
+// up the request early).
+func followUp(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), FollowUpTimeout)
 }
 
 // replyFailed tells the user an action failed on our side.
@@ -97,6 +111,8 @@ func (h *Handler) annotate(ctx context.Context, w where, line string) {
 	if w.Channel == "" || w.TS == "" {
 		return
 	}
+	ctx, cancel := followUp(ctx)
+	defer cancel()
 	blocks, text := w.blocks, w.text
 	if blocks == nil {
 		hist, err := h.cfg.Slack.GetConversationHistoryContext(ctx, &slack.GetConversationHistoryParameters{
