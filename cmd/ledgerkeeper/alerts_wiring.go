@@ -54,5 +54,8 @@ func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metric
 		RunbookURL:        a.cfg.Alerts.RunbookURL,
 		// Probe errors in messages lose every configured secret.
 		Redactor: a.cfg.Redactor(),
+		// Buttons only when a transport handles them (Settle refuses
+		// interactive without one).
+		Interactive: s.Interactive,
 	}, notifier, logger.With("component", "alerts"), metrics), nil
 }

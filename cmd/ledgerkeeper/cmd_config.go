@@ -67,6 +67,7 @@ downstream that cannot be reached exits 1.`,
 				src = "built-in defaults (no file)"
 			}
 			fmt.Fprintf(a.stdout, "# configuration OK: %s\n", src)
+			fmt.Fprintf(a.stdout, "# %s\n", daemon.InteractiveSummary(a.cfg))
 			for _, l := range connected {
 				fmt.Fprintf(a.stdout, "# --connect: %s\n", l)
 			}

@@ -33,7 +33,10 @@ func newServeCmd(a *app) *cobra.Command {
 runs reconcile passes (schedule.reconcile), purge passes (schedule.purge) and
 alert delivery (schedule.alerts), and it serves /metrics (Prometheus),
 /healthz (alive) and /readyz (database reachable, schema current) on
-http.listen. Any number of replicas may run at once. SIGTERM or SIGINT stops
+http.listen. With alerts.slack.interactive on-call acts from the alert
+messages: over Socket Mode (alerts.slack.app_token) and/or POST
+/slack/interactions on the same listener (alerts.slack.signing_secret).
+Any number of replicas may run at once. SIGTERM or SIGINT stops
 it gracefully: no new runs; a running reconcile pass leases no more keys and
 its probes in flight get up to 30s to finish, their decisions written, the
 pass recorded as stopped (a probe still running then is given back, not
@@ -95,6 +98,14 @@ counted as an attempt); purge and alert delivery stop at once.`,
 			if err != nil {
 				return err
 			}
+			// Slack actions (alerts.slack.interactive): nil when off.
+			inter, err := daemon.BuildInteractivity(a.cfg, pool, eng.Windows, logger.With("component", "interact"))
+			if err != nil {
+				return &configError{err}
+			}
+			if inter != nil {
+				logger.Info("slack actions on", inter.LogAttrs(a.cfg)...)
+			}
 			ledgerGauges := daemon.NewLedgerMetrics(reg)
 			idleRuns := &idleRecorder{every: idleAlertsRunEvery}
 
@@ -103,6 +114,8 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				Registry:   reg,
 				Logger:     logger,
 				RunAtStart: runAtStart,
+				Routes:     inter.Routes(),
+				Services:   inter.Services(),
 				Ready: func(ctx context.Context) error {
 					if err := pool.Ping(ctx); err != nil {
 						if refusedByServer(err) {

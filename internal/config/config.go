@@ -226,6 +226,36 @@ type Slack struct {
 	APIURL string `yaml:"api_url" json:"api_url,omitempty"`
 	// Timeout bounds one call to Slack. Default 10s.
 	Timeout Duration `yaml:"timeout" json:"timeout"`
+
+	// Interactive draws action buttons on alert messages and handles the
+	// clicks (package interact). Default false: interactivity is off
+	// unless configured. It needs Token (a webhook message cannot be
+	// updated, and views.open takes a bot token), Operators, and a
+	// transport: AppToken or SigningSecret.
+	Interactive bool `yaml:"interactive" json:"interactive"`
+	// AppToken is the app-level token (xapp-…, scope connections:write)
+	// for Socket Mode: an outbound WebSocket, no public ingress. The
+	// default transport when set.
+	AppToken     Secret `yaml:"app_token" json:"app_token"`
+	AppTokenFile string `yaml:"app_token_file" json:"app_token_file,omitempty"`
+	// SigningSecret verifies requests to serve's POST /slack/interactions
+	// (the app's Interactivity request URL).
+	SigningSecret     Secret `yaml:"signing_secret" json:"signing_secret"`
+	SigningSecretFile string `yaml:"signing_secret_file" json:"signing_secret_file,omitempty"`
+	// Operators maps a Slack user ID (U012ABC) to the operator it is; only
+	// they may act. In YAML either `U012ABC: alice` or `U012ABC: {name:
+	// alice, actions: [inspect, hold]}`.
+	Operators map[string]SlackOperator `yaml:"operators" json:"operators,omitempty"`
+}
+
+// SlackOperator is one Slack user allowed to act from an alert message.
+// A plain scalar in YAML is the Name alone (every action allowed).
+type SlackOperator struct {
+	// Name is recorded in the audit beside the actor slack:<user id>.
+	Name string `yaml:"name" json:"name"`
+	// Actions limits what the user may do (inspect, hold, release,
+	// mark_retryable, store_outcome). Empty: all of them.
+	Actions []string `yaml:"actions" json:"actions,omitempty"`
 }
 
 // HTTP is the daemon's own listener.

@@ -61,11 +61,11 @@ type LookupEnv func(string) (string, bool)
 // Redactor returns the redactor that holds every secret of this
 // configuration: each value a ${VAR} expanded to (wherever it stands: a
 // token inside a probe URL's query counts), each value read from a *_file
-// twin, each Secret-typed setting (database and probe URLs, Slack webhook
-// and token, header values, with their passwords and words), and the
-// database URL given by flag or environment. Every output (logs, errors,
-// audit evidence, Slack, `config check`, `--json`) goes through it. It is
-// never nil.
+// twin, each Secret-typed setting (database and probe URLs, Slack webhook,
+// bot token, app-level token and signing secret, header values, with their
+// passwords and words), and the database URL given by flag or environment.
+// Every output (logs, errors, audit evidence, Slack, `config check`,
+// `--json`) goes through it. It is never nil.
 func (c *Config) Redactor() *secret.Redactor {
 	if c.redactor == nil {
 		c.redactor = secret.New()
@@ -177,6 +177,8 @@ func (c *Config) finish(env LookupEnv) error {
 	readSecret("database.url_file", c.Database.URLFile, &c.Database.URL)
 	readSecret("alerts.slack.webhook_url_file", c.Alerts.Slack.WebhookURLFile, &c.Alerts.Slack.WebhookURL)
 	readSecret("alerts.slack.token_file", c.Alerts.Slack.TokenFile, &c.Alerts.Slack.Token)
+	readSecret("alerts.slack.app_token_file", c.Alerts.Slack.AppTokenFile, &c.Alerts.Slack.AppToken)
+	readSecret("alerts.slack.signing_secret_file", c.Alerts.Slack.SigningSecretFile, &c.Alerts.Slack.SigningSecret)
 	for name, t := range c.Tools {
 		if t.Probe == nil {
 			continue
@@ -215,7 +217,8 @@ func (c *Config) finish(env LookupEnv) error {
 // abc123…": the token alone may be quoted by a downstream).
 func (c *Config) registerSecrets() {
 	red := c.Redactor()
-	red.Register(c.Database.URL.Reveal(), c.Alerts.Slack.WebhookURL.Reveal(), c.Alerts.Slack.Token.Reveal())
+	s := c.Alerts.Slack
+	red.Register(c.Database.URL.Reveal(), s.WebhookURL.Reveal(), s.Token.Reveal(), s.AppToken.Reveal(), s.SigningSecret.Reveal())
 	if u, err := url.Parse(c.Alerts.Slack.WebhookURL.Reveal()); err == nil && len(u.Path) >= 16 {
 		// The path is the webhook's secret, whatever host prints it, and
 		// its last long segment is the token itself.
@@ -277,7 +280,10 @@ type decoder struct {
 	red *secret.Redactor
 }
 
-var durationType = reflect.TypeOf(Duration(0))
+var (
+	durationType      = reflect.TypeOf(Duration(0))
+	slackOperatorType = reflect.TypeOf(SlackOperator{})
+)
 
 func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
 	d.errs = append(d.errs, &Error{File: d.file, Line: n.Line, Path: path, Msg: fmt.Sprintf(format, args...)})
@@ -299,6 +305,12 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return // key present without a value: keep the default
+	}
+	if v.Type() == slackOperatorType && n.Kind == yaml.ScalarNode {
+		// The shorthand `U012ABC: alice`: the name, every action allowed.
+		d.lines[path+".name"] = n.Line
+		d.scalar(n, v.FieldByName("Name"), path+".name")
+		return
 	}
 	switch v.Kind() {
 	case reflect.Pointer:

@@ -70,6 +70,20 @@ type Config struct {
 	// most hardStopWait more for them to give their work back. Default 30s.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
+	// Routes are more handlers on the listener, by http.ServeMux pattern
+	// ("POST /slack/interactions"). Ignored without Listen.
+	Routes map[string]http.Handler
+	// Services run beside the jobs (Slack's Socket Mode): started after
+	// the listener, stopped before it shuts down.
+	Services []Service
+}
+
+// Service is a long-running part of serve other than a scheduled job.
+// Start returns at once (the service backgrounds itself); Stop waits for
+// it to end and is safe before Start.
+type Service interface {
+	Start(ctx context.Context) error
+	Stop()
 }
 
 // Daemon is the serve loop. Start it once; Stop is safe before Start and
@@ -178,6 +192,20 @@ func (d *Daemon) Start(ctx context.Context) error {
 			}()
 		}
 	}
+	for i, svc := range d.cfg.Services {
+		if err := svc.Start(runCtx); err != nil {
+			for _, started := range d.cfg.Services[:i] {
+				started.Stop()
+			}
+			cancel()
+			d.drainCancel()
+			if d.srv != nil {
+				_ = d.srv.Close()
+				d.wg.Wait()
+			}
+			return fmt.Errorf("start service: %w", err)
+		}
+	}
 	d.cron.Start()
 	d.cfg.Logger.Info("ledgerkeeper serving", "listen", d.Addr(), "jobs", len(d.cfg.Jobs))
 	return nil
@@ -195,7 +223,8 @@ func (d *Daemon) Addr() string {
 // WindDown has its ctx cancelled at once; a WindDown job sees Stopping and
 // keeps its ctx for ShutdownTimeout (a reconcile pass's probes in flight
 // finish and their decisions are written), then it is cancelled and given
-// hardStopWait more to give its work back. Then the listener shuts down.
+// hardStopWait more to give its work back. Then the services stop (Socket
+// Mode finishes the interactions in hand) and the listener shuts down.
 func (d *Daemon) Stop() {
 	d.mu.Lock()
 	if !d.started || d.stopped { // before Start: nothing to stop
@@ -233,6 +262,9 @@ func (d *Daemon) Stop() {
 		}
 	}
 	d.drainCancel()
+	for _, svc := range d.cfg.Services {
+		svc.Stop()
+	}
 	if d.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = d.srv.Shutdown(ctx)
@@ -322,6 +354,9 @@ func (l *cronLogger) Error(err error, msg string, keysAndValues ...any) {
 func (d *Daemon) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.cfg.Registry, promhttp.HandlerOpts{Registry: d.cfg.Registry}))
+	for pattern, h := range d.cfg.Routes {
+		mux.Handle(pattern, h)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})

@@ -159,6 +159,8 @@ func validate(c *config.Config) error {
 		}
 	}
 
+	errs = append(errs, validateInteractive(c)...)
+
 	for _, name := range c.ToolNames() {
 		t := c.Tools[name]
 		base := "tools." + name
