@@ -7,7 +7,10 @@ package reconcile_test
 // BenchmarkReconcileThroughput: one full pass over stuck keys of one tool
 // against a real HTTP downstream that answers after 20 ms, at concurrency 1,
 // 8, 32 and 64, reported as keys/s and as a fraction of the ideal
-// concurrency / 20 ms (target at 32: at least 0.80).
+// concurrency / 20 ms (target at 32: at least 0.80). It runs on the test
+// harness's cluster (fsync and synchronous_commit off); the same pass with
+// durable commits, beside a non-durable cluster in one run, with CPU per
+// key, is `lkbench reconcile` (cmd/lkbench/reconcile.go).
 //
 // BenchmarkLeaseBatch: store.LeaseDue of 100 due keys among 1,000
 // processing keys in a ledger of 10,000 rows and of 1,000,000 rows (the rest

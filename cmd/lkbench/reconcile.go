@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -48,9 +50,14 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	logf := logger(stderr)
 
-	ds := &slowDownstream{latency: *latency}
-	dsSrv := httptest.NewServer(ds)
-	defer dsSrv.Close()
+	if os.Getenv(downstreamEnv) != "" {
+		return serveDownstream(*latency, stdout)
+	}
+	ds, err := startDownstream(*latency)
+	if err != nil {
+		return err
+	}
+	defer ds.stop()
 
 	type cluster struct {
 		name    string
@@ -97,7 +104,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		tr := &http.Transport{MaxIdleConns: 2 * *concurrency, MaxIdleConnsPerHost: 2 * *concurrency, IdleConnTimeout: time.Minute}
 		defer tr.CloseIdleConnections()
 		hp, err := probes.NewHTTP(probes.HTTPConfig{
-			URL:          dsSrv.URL + "/v1/tickets?idempotency_key={key}",
+			URL:          ds.url + "/v1/tickets?idempotency_key={key}",
 			Match:        "data",
 			ResponseCode: 201,
 			ResponseBody: map[string]string{"ticket_id": "id", "created_at": "created_at"},
@@ -125,7 +132,14 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if _, err := c.pool.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
 			return passResult{}, err
 		}
-		hits0 := ds.hits.Load()
+		hits0, err := ds.hits(ctx)
+		if err != nil {
+			return passResult{}, err
+		}
+		dsCPU0, err := ds.cpu()
+		if err != nil {
+			return passResult{}, err
+		}
 		cpu0, err := c.pg.sample()
 		if err != nil {
 			return passResult{}, err
@@ -147,7 +161,15 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return passResult{}, fmt.Errorf("%s: pass over %d keys decided %d (%d completed, %d marked retryable; actions %v)",
 				c.name, n, rep.Decided, done, retry, rep.Actions)
 		}
-		if got := ds.hits.Load() - hits0; got != int64(n) {
+		dsCPU1, err := ds.cpu()
+		if err != nil {
+			return passResult{}, err
+		}
+		hits1, err := ds.hits(ctx)
+		if err != nil {
+			return passResult{}, err
+		}
+		if got := hits1 - hits0; got != int64(n) {
 			return passResult{}, fmt.Errorf("%s: the downstream saw %d requests for %d keys", c.name, got, n)
 		}
 		stmts, err := topStatements(ctx, c.pool, 8)
@@ -155,7 +177,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return passResult{}, err
 		}
 		return passResult{Keys: n, Seconds: el.Seconds(), KeysPerSec: float64(n) / el.Seconds(),
-			GoCPU: self, PGCPU: cpu1 - cpu0, Statements: stmts}, nil
+			GoCPU: self, PGCPU: cpu1 - cpu0, DownstreamCPU: dsCPU1 - dsCPU0, Statements: stmts}, nil
 	}
 
 	for _, c := range clusters {
@@ -197,10 +219,10 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fmt.Fprintf(stdout, "reconcile pass over %d stuck keys, concurrency %d, downstream %s: ideal %.0f keys/s; load before %s\n\n",
 		*keys, *concurrency, latency, ideal, load0)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "cluster\tpasses\tkeys/s (median)\tkeys/s (range)\tof ideal\tCPU µs/key\tGo µs/key\tPostgreSQL µs/key\t")
+	fmt.Fprintln(tw, "cluster\tpasses\tkeys/s (median)\tkeys/s (range)\tof ideal\tCPU µs/key\tengine µs/key\tPostgreSQL µs/key\tdownstream µs/key (apart)\t")
 	for _, s := range out.Clusters {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f–%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t\n", s.Name, len(s.Passes), s.KeysPerSec, s.MinKeysPerSec, s.MaxKeysPerSec,
-			s.OfIdeal, s.CPUPerKeyUs, s.GoCPUPerKeyUs, s.PGCPUPerKeyUs)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f–%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", s.Name, len(s.Passes), s.KeysPerSec, s.MinKeysPerSec, s.MaxKeysPerSec,
+			s.OfIdeal, s.CPUPerKeyUs, s.GoCPUPerKeyUs, s.PGCPUPerKeyUs, s.DownstreamUs)
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "\ndurable / non-durable keys/s: %.2f; load during: %s\n", out.DurableRatio, strings.Join(loads, " | "))
@@ -227,7 +249,10 @@ type passResult struct {
 	KeysPerSec float64       `json:"keys_per_sec"`
 	GoCPU      time.Duration `json:"go_cpu_ns"`
 	PGCPU      time.Duration `json:"pg_cpu_ns"`
-	Statements []statement   `json:"statements"`
+	// DownstreamCPU is the downstream's process, not counted in the
+	// others: it is the benchmark's, not ledgerkeeper's.
+	DownstreamCPU time.Duration `json:"downstream_cpu_ns"`
+	Statements    []statement   `json:"statements"`
 }
 
 // statement is one line of pg_stat_statements over a pass.
@@ -270,6 +295,7 @@ type clusterSummary struct {
 	CPUPerKeyUs   float64      `json:"cpu_us_per_key"`
 	GoCPUPerKeyUs float64      `json:"go_cpu_us_per_key"`
 	PGCPUPerKeyUs float64      `json:"pg_cpu_us_per_key"`
+	DownstreamUs  float64      `json:"downstream_cpu_us_per_key"`
 }
 
 type reconcileReport struct {
@@ -287,8 +313,9 @@ func summarise(name string, runs []passResult, ideal float64) clusterSummary {
 	s := clusterSummary{Name: name, Passes: runs}
 	var rates []float64
 	var keys int
-	var goCPU, pgCPU time.Duration
+	var goCPU, pgCPU, dsCPU time.Duration
 	for _, r := range runs {
+		dsCPU += r.DownstreamCPU
 		rates = append(rates, r.KeysPerSec)
 		keys += r.Keys
 		goCPU += r.GoCPU
@@ -308,6 +335,7 @@ func summarise(name string, runs []passResult, ideal float64) clusterSummary {
 	s.GoCPUPerKeyUs = goCPU.Seconds() * 1e6 / float64(keys)
 	s.PGCPUPerKeyUs = pgCPU.Seconds() * 1e6 / float64(keys)
 	s.CPUPerKeyUs = s.GoCPUPerKeyUs + s.PGCPUPerKeyUs
+	s.DownstreamUs = dsCPU.Seconds() * 1e6 / float64(keys)
 	return s
 }
 
@@ -335,6 +363,91 @@ func stuckKeys(ctx context.Context, db *pgxpool.Pool, n int) error {
 			return fmt.Errorf("load stuck keys: %w", err)
 		}
 	}
+	return nil
+}
+
+// downstreamEnv makes lkbench reconcile serve the downstream instead: the
+// parent runs it as a child process, so that the engine's CPU (the lkbench
+// process) is told from the downstream's.
+const downstreamEnv = "LKBENCH_RECONCILE_DOWNSTREAM"
+
+// downstreamProc is the child process serving slowDownstream.
+type downstreamProc struct {
+	url  string
+	cmd  *exec.Cmd
+	stop func()
+}
+
+func startDownstream(latency time.Duration) (*downstreamProc, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, "reconcile", "--latency", latency.String())
+	cmd.Env = append(os.Environ(), downstreamEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	d := &downstreamProc{cmd: cmd, stop: func() { stdin.Close(); _ = cmd.Wait() }}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		d.stop()
+		return nil, fmt.Errorf("downstream process: %w", err)
+	}
+	d.url = strings.TrimSpace(line)
+	return d, nil
+}
+
+// hits asks the downstream how many lookups it has answered.
+func (d *downstreamProc) hits(ctx context.Context) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.url+"/hits", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// cpu is the downstream process's user+system CPU so far.
+func (d *downstreamProc) cpu() (time.Duration, error) {
+	f, err := procStat(d.cmd.Process.Pid)
+	if err != nil {
+		return 0, err
+	}
+	return ticks(f, 11, 12), nil
+}
+
+// serveDownstream is the child: it prints its URL and serves until its
+// stdin closes.
+func serveDownstream(latency time.Duration, stdout io.Writer) error {
+	ds := &slowDownstream{latency: latency}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", ds)
+	mux.HandleFunc("/hits", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, ds.hits.Load())
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	fmt.Fprintln(stdout, srv.URL)
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	return nil
 }
 
