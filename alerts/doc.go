@@ -94,6 +94,15 @@
 // to Slack's limits (50 blocks, 3000 characters per text object, 150 per
 // header) between characters, never inside an entity.
 //
+// With Config.Interactive, firing messages carry controls (actions.go)
+// that package interact handles: a message about one key its buttons
+// (Inspect, Hold, Release, Mark retryable, Store outcome; value = the
+// key), a message listing several keys an overflow menu per key, one
+// counting more keys than it lists a picker of the rest; two blocks are
+// kept free (the picker, and the line interact adds when someone acts).
+// Resolved notices never carry controls, and the text fallback is the
+// same either way.
+//
 // # Secrets
 //
 // A webhook URL and a token are secrets. Notifiers redact them from every

@@ -294,7 +294,7 @@ func FuzzRender(f *testing.F) {
 		if withURL {
 			url = testRunbook + "?a=1&b=2"
 		}
-		r := newRenderer(url, int(n%60))
+		r := newRenderer(url, int(n%60)).withInteractive(n%2 == 0)
 		count := int(n%64) + 1
 		reasons := append(append([]Reason{}, Reasons...), Reason(key))
 		reason := reasons[int(n)%len(reasons)]
