@@ -35,6 +35,9 @@ type where struct {
 	// ResponseURL answers the user (ephemeral); "" falls back to
 	// chat.postEphemeral in Channel.
 	ResponseURL string `json:"u,omitempty"`
+	// Ephemeral: ResponseURL answers an ephemeral message (the picker's),
+	// not the alert, so it cannot replace the alert.
+	Ephemeral bool `json:"e,omitempty"`
 	// blocks and text are the message as the click delivered it (nil:
 	// fetched when it is updated).
 	blocks []slack.Block
@@ -49,8 +52,10 @@ func whereOf(cb slack.InteractionCallback, act *slack.BlockAction) where {
 		if ch, ts, ok := strings.Cut(origin, "/"); ok {
 			w.Channel, w.TS = ch, ts
 		}
+		w.Ephemeral = true
 		return w
 	}
+	w.Ephemeral = cb.Container.IsEphemeral
 	if !cb.Container.IsEphemeral && len(cb.Message.Blocks.BlockSet) > 0 {
 		w.blocks, w.text = cb.Message.Blocks.BlockSet, cb.Message.Text
 	}

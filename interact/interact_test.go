@@ -862,3 +862,20 @@ func TestNewNeedsItsParts(t *testing.T) {
 		}
 	}
 }
+
+// An alert chat.update cannot edit (posted through an incoming webhook) is
+// replaced through the click's response_url, its blocks kept.
+func TestWebhookAlertIsUpdatedThroughResponseURL(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	const key = "wf-11:step"
+	r.putKey(t, key, ledger.StatusProcessing, time.Hour)
+	r.hold(t, key, "x")
+	ts := r.alert(t, key)
+	r.srv.Fail("chat.update", "cant_update_message")
+	r.click(t, hAlice, ts, r.control(t, ts, alerts.ActionIDRelease, key))
+	m, _ := r.srv.Message(hChannel, ts)
+	if !strings.Contains(string(m.Blocks), "alice released `"+key+"`") || !strings.Contains(string(m.Blocks), alerts.ActionIDInspect) {
+		t.Errorf("alert not replaced with its blocks and the line: %s", m.Blocks)
+	}
+}

@@ -104,7 +104,8 @@ const logBlockID = "lk_log"
 const maxContextElements = 10
 
 // annotate adds line to the alert message (who did what, when), keeping
-// its blocks: chat.update of the message at w.Channel and w.TS. The blocks
+// its blocks: chat.update of the message at w.Channel and w.TS, else its
+// response_url with replace_original (a webhook's message). The blocks
 // are the click's, or read back (conversations.history) after a form. A
 // failure is logged: the action stands.
 func (h *Handler) annotate(ctx context.Context, w where, line string) {
@@ -128,7 +129,14 @@ func (h *Handler) annotate(ctx context.Context, w where, line string) {
 		h.log.Warn("slack alert message not updated: no room for another block", "channel", w.Channel, "ts", w.TS)
 		return
 	}
-	if _, _, _, err := h.cfg.Slack.UpdateMessageContext(ctx, w.Channel, w.TS, slack.MsgOptionText(text, false), slack.MsgOptionBlocks(blocks...)); err != nil {
+	_, _, _, err := h.cfg.Slack.UpdateMessageContext(ctx, w.Channel, w.TS, slack.MsgOptionText(text, false), slack.MsgOptionBlocks(blocks...))
+	if err != nil && w.ResponseURL != "" && !w.Ephemeral {
+		// chat.update edits the bot's own messages only; an alert posted
+		// through an incoming webhook is replaced through the response_url
+		// of the click on it.
+		err = h.postResponse(ctx, w.ResponseURL, map[string]any{"replace_original": true, "text": text, "blocks": blocks})
+	}
+	if err != nil {
 		h.log.Warn("slack alert message not updated", "channel", w.Channel, "ts", w.TS, "err", h.red.Error(err))
 	}
 }
