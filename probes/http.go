@@ -173,6 +173,8 @@ type httpEvidence struct {
 	URL        string `json:"url"`
 	HTTPStatus int    `json:"http_status,omitempty"`
 	Matches    *int   `json:"matches,omitempty"`
+	// RetryAfter is the pause a 429 or 503 asked for, in seconds.
+	RetryAfter float64 `json:"retry_after_seconds,omitempty"`
 }
 
 func (e httpEvidence) raw() json.RawMessage {
@@ -216,6 +218,16 @@ func (p *HTTPProbe) Probe(ctx context.Context, k Key) Result {
 
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, p.maxBody+1))
 	answered(resp.StatusCode, body)
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		// The downstream said when to come back: the engine pauses the
+		// tool instead of counting an attempt. Without a readable
+		// Retry-After it is an unknown like any other status.
+		if after, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+			ev.RetryAfter = after.Seconds()
+			return Result{Verdict: Unknown, Evidence: ev.raw(),
+				Err: fmt.Errorf("http probe %s: %w", what, &ThrottledError{Status: resp.StatusCode, RetryAfter: after})}
+		}
+	}
 	if resp.StatusCode == http.StatusNotFound {
 		// The status line is the evidence; the body does not matter.
 		return Result{Verdict: NotFound, Evidence: ev.raw()}

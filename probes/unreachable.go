@@ -4,8 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
+	"net/http"
+	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -49,4 +54,70 @@ func Unreachable(res Result) bool {
 		return true
 	}
 	return pgconn.Timeout(err)
+}
+
+// Bounds of a downstream's Retry-After (RFC 9110 section 10.2.3) that the
+// engine honours: a longer one is cut to MaxRetryAfter (a downstream's
+// mistake must not silence a tool for a day), a shorter one (0, or a date
+// already past) is raised to MinRetryAfter, so that a downstream answering
+// "Retry-After: 0" forever cannot make the engine spin through its keys.
+const (
+	MaxRetryAfter = 10 * time.Minute
+	MinRetryAfter = time.Second
+)
+
+// ThrottledError is the error of an Unknown whose downstream asked to be
+// left alone for a while: an HTTP 429 or 503 with a valid Retry-After. The
+// engine pauses the tool's probing for RetryAfter and counts no attempt
+// against the key (see Throttled). A 429 or 503 without a readable
+// Retry-After is an ordinary Unknown.
+type ThrottledError struct {
+	// Status is the HTTP status the downstream answered (429 or 503).
+	Status int
+	// RetryAfter is how long it asked to wait, within [MinRetryAfter,
+	// MaxRetryAfter].
+	RetryAfter time.Duration
+}
+
+func (e *ThrottledError) Error() string {
+	return fmt.Sprintf("downstream answered %d %s with Retry-After %s: probing paused, no attempt counted",
+		e.Status, http.StatusText(e.Status), e.RetryAfter)
+}
+
+// Throttled reports whether res is an Unknown whose downstream asked to be
+// left alone, and for how long. Any probe may return it by wrapping a
+// *ThrottledError in Result.Err.
+func Throttled(res Result) (time.Duration, bool) {
+	if res.Verdict != Unknown || res.Err == nil {
+		return 0, false
+	}
+	te, ok := errors.AsType[*ThrottledError](res.Err)
+	if !ok || te.RetryAfter <= 0 {
+		return 0, false
+	}
+	return min(max(te.RetryAfter, MinRetryAfter), MaxRetryAfter), true
+}
+
+// parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP-date,
+// relative to now, clamped to [MinRetryAfter, MaxRetryAfter]. Anything else
+// (empty, negative, fractional, not a date) is ignored: ok is false.
+func parseRetryAfter(v string, now time.Time) (d time.Duration, ok bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if strings.Trim(v, "0123456789") == "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || n > uint64(MaxRetryAfter/time.Second) {
+			return MaxRetryAfter, true // all digits, too many of them: the cap
+		}
+		d = time.Duration(n) * time.Second
+	} else {
+		t, err := http.ParseTime(v)
+		if err != nil {
+			return 0, false
+		}
+		d = t.Sub(now)
+	}
+	return min(max(d, MinRetryAfter), MaxRetryAfter), true
 }
