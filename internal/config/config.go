@@ -17,6 +17,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"time"
@@ -169,6 +170,42 @@ type Probe struct {
 	ResponseBody map[string]string `yaml:"response_body" json:"response_body,omitempty"`
 	// SelfCheck can turn the self-check off for this probe.
 	SelfCheck ProbeSelfCheck `yaml:"self_check" json:"self_check"`
+	// RateLimit bounds the probes one process sends to this downstream.
+	// Absent: no limit.
+	RateLimit *RateLimit `yaml:"rate_limit" json:"rate_limit,omitempty"`
+}
+
+// RateLimit is a probe's token bucket (tools.T.probe.rate_limit). It holds
+// per process: N serve replicas send up to N times RPS, so divide the
+// downstream's allowance by the replica count.
+type RateLimit struct {
+	// RPS is probes per second, > 0 (fractions allowed: 0.5 is one every
+	// two seconds). Required in a rate_limit block.
+	RPS float64 `yaml:"rps" json:"rps"`
+	// Burst is how many probes may start at once after a quiet spell,
+	// >= 1. Default 1.
+	Burst int `yaml:"burst" json:"burst"`
+}
+
+// checkRateLimits refuses a rate limit the prober cannot keep: rps must be
+// a finite number above zero (omit the block for no limit), burst at least
+// 1 when set.
+func (c *Config) checkRateLimits() Errors {
+	var errs Errors
+	for _, name := range c.ToolNames() {
+		t := c.Tools[name]
+		if t.Probe == nil || t.Probe.RateLimit == nil {
+			continue
+		}
+		rl, base := t.Probe.RateLimit, "tools."+name+".probe.rate_limit"
+		if !(rl.RPS > 0) || math.IsInf(rl.RPS, 0) {
+			errs = append(errs, c.errAt(base+".rps", "must be a number of probes per second above 0, got %v (omit rate_limit for no limit)", rl.RPS))
+		}
+		if _, set := c.lines[base+".burst"]; rl.Burst < 0 || (set && rl.Burst == 0) {
+			errs = append(errs, c.errAt(base+".burst", "must be at least 1, got %d", rl.Burst))
+		}
+	}
+	return errs
 }
 
 // SelfCheckEnabled reports whether the probe's verdicts are vetted by the

@@ -197,6 +197,7 @@ func (c *Config) finish(env LookupEnv) error {
 	// Registered even when something else is wrong: the caller may still
 	// print errors that quote them (ParseAll).
 	c.registerSecrets()
+	errs = append(errs, c.checkRateLimits()...)
 	if err := c.checkSchedules(); err != nil {
 		var more Errors
 		if errors.As(err, &more) {
