@@ -555,9 +555,16 @@ func TestReplayedRequestIsRefused(t *testing.T) {
 	// Re-signed a second later: a new request, the same click.
 	code, _ = r.sendBody(t, body, hSecret, at.Add(time.Second))
 	eq(t, "same click again: status", code, http.StatusOK)
-	// And through Handle directly, as Socket Mode delivers.
-	if _, err := r.h.Handle(bg, cb); err != nil {
+	// And through Handle directly, as Socket Mode delivers, on this
+	// replica and on another one (its own Handler on the same ledger).
+	other, err := New(r.h.cfg)
+	if err != nil {
 		t.Fatal(err)
+	}
+	for _, h := range []*Handler{r.h, other} {
+		if _, err := h.Handle(bg, cb); err != nil {
+			t.Fatal(err)
+		}
 	}
 	eq(t, "release audit rows", r.db.Count(t, "reconcile_audit WHERE key = $1 AND action = 'release'", key), 1)
 	eq(t, "answers", len(r.srv.Calls("response_url")), 1)
@@ -567,7 +574,7 @@ func TestReplayedRequestIsRefused(t *testing.T) {
 	r.click(t, hAlice, ts, r.control(t, ts, alerts.ActionIDHold, key))
 	sub := slacktest.ViewSubmission(t, r.lastView(t), hAlice, vals(inReason, "again"))
 	r.submit(t, hAlice, r.lastView(t), vals(inReason, "again"))
-	if ack, err := r.h.Handle(bg, sub); err != nil || ack == nil || ack.(*slack.ViewSubmissionResponse).ResponseAction != slack.RAClear {
+	if ack, err := other.Handle(bg, sub); err != nil || ack == nil || ack.(*slack.ViewSubmissionResponse).ResponseAction != slack.RAClear {
 		t.Fatalf("second delivery: %v, %v", ack, err)
 	}
 	eq(t, "hold audit rows", r.db.Count(t, "reconcile_audit WHERE key = $1 AND action = 'hold'", key), 2)
