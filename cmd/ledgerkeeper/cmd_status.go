@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -28,6 +29,24 @@ type statusReport struct {
 	Alerts      alerts.DeliveryHealth `json:"alerts"`
 	LastRuns    []store.Run           `json:"last_runs"`
 	Warnings    []string              `json:"warnings"`
+	// Counts says which figures are estimates.
+	Counts countsStatus `json:"counts"`
+}
+
+// countsStatus says how status counted: every figure is exact except the
+// completed keys of tools marked completed_estimated, which come from
+// PostgreSQL's planner statistics on a large ledger.
+type countsStatus struct {
+	// CompletedEstimated: at least one tool's completed figure is an
+	// estimate.
+	CompletedEstimated bool `json:"completed_estimated"`
+	// Exact: --exact asked for every row to be counted.
+	Exact bool `json:"exact"`
+	// AnalyzedAt is when idempotency_keys' statistics were last gathered.
+	AnalyzedAt *time.Time `json:"statistics_analyzed_at,omitempty"`
+	// EstimatedKeys is the planner's estimate of the ledger's rows (-1:
+	// never analyzed).
+	EstimatedKeys int64 `json:"estimated_keys"`
 }
 
 type toolStatus struct {
@@ -75,7 +94,7 @@ type probeCheckStatus struct {
 const p99Since = time.Hour
 
 func newStatusCmd(a *app) *cobra.Command {
-	var asJSON bool
+	var asJSON, exact bool
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Stuck keys per tool, holds, breakers, pending alerts, last runs",
@@ -88,10 +107,12 @@ func newStatusCmd(a *app) *cobra.Command {
 			}
 			defer pool.Close()
 			st := statusReport{At: time.Now().UTC(), Warnings: []string{}}
-			stats, err := store.Stats(ctx, pool, a.windows)
+			counts, err := store.StatsWith(ctx, pool, a.windows, store.StatsOptions{Exact: exact})
 			if err != nil {
 				return err
 			}
+			stats := counts.Tools
+			st.Counts = countsStatus{CompletedEstimated: counts.Estimated, Exact: exact, AnalyzedAt: counts.AnalyzedAt, EstimatedKeys: counts.EstimatedKeys}
 			lat, err := store.ProcessingP99(ctx, pool, p99Since)
 			if err != nil {
 				return err
@@ -161,6 +182,7 @@ func newStatusCmd(a *app) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON document")
+	cmd.Flags().BoolVar(&exact, "exact", false, "count every completed key instead of estimating them on a large ledger (a scan of the whole table)")
 	return cmd
 }
 
@@ -199,10 +221,21 @@ func printStatus(a *app, st statusReport) {
 					probe = "yes, UNTRUSTED"
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", t.Tool, t.InWindow, t.Stuck, oldest, t.FailedRetryable,
-				t.Completed, t.Held, t.PendingAlerts, time.Duration(t.WindowSeconds*float64(time.Second)), p99, probe)
+			completed := strconv.Itoa(t.Completed)
+			if t.CompletedEstimated {
+				completed = "~" + completed
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\n", t.Tool, t.InWindow, t.Stuck, oldest, t.FailedRetryable,
+				completed, t.Held, t.PendingAlerts, time.Duration(t.WindowSeconds*float64(time.Second)), p99, probe)
 		}
 		tw.Flush()
+		if st.Counts.CompletedEstimated {
+			analyzed := "never"
+			if st.Counts.AnalyzedAt != nil {
+				analyzed = ts(*st.Counts.AnalyzedAt)
+			}
+			fmt.Fprintf(w, "~ estimated from PostgreSQL's statistics (idempotency_keys last analyzed %s); every other figure is exact. 'status --exact' counts every row (a scan of the whole ledger).\n", analyzed)
+		}
 	}
 	fmt.Fprintf(w, "\nHolds: %d\n", len(st.Holds))
 	for _, h := range st.Holds {

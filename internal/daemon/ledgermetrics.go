@@ -33,7 +33,8 @@ type LedgerMetrics struct {
 	seenHold map[string]bool
 }
 
-// p99Every spaces the processing-time measurement, which reads recent rows.
+// p99Every spaces the processing-time measurement, which reads a bounded
+// sample of recent rows (store.ProcessingP99).
 const p99Every = 5 * time.Minute
 
 // NewLedgerMetrics registers the gauges with reg.
@@ -53,7 +54,7 @@ func NewLedgerMetrics(reg prometheus.Registerer) *LedgerMetrics {
 		}, []string{"tool"}),
 		p99: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ledgerkeeper_processing_p99_seconds",
-			Help: "Observed p99 processing time of keys the tool side completed in the last hour.",
+			Help: "Observed p99 processing time of keys first claimed in the last hour that the tool side completed (a sample of up to 1,200 per tool).",
 		}, []string{"tool"}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ledgerkeeper_keys_held",

@@ -120,3 +120,27 @@ ledgerkeeper_keys_held{tool="idle_tool"} 0
 		t.Errorf("oldest orphan hold age after its release = %v, want 0", got)
 	}
 }
+
+// The p99 gauge is the tool side's own processing time of keys first
+// claimed within the hour: older keys and keys the reconciler completed
+// are left out.
+func TestLedgerMetricsP99(t *testing.T) {
+	db := pgtest.New(t)
+	db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, status, created_at, claimed_at, updated_at, expires_at)
+		SELECT 'fast' || g, 'create_ticket', 'h', 'completed', now() - g * interval '1 minute', now() - g * interval '1 minute',
+		       now() - g * interval '1 minute' + interval '2 seconds', now() + interval '1 day'
+		FROM generate_series(1, 50) g`)
+	db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, status, created_at, claimed_at, updated_at, expires_at) VALUES
+		('old', 'create_ticket', 'h', 'completed', now() - interval '3 hours', now() - interval '3 hours', now() - interval '1 hour', now() + interval '1 day'),
+		('repaired', 'create_ticket', 'h', 'completed', now() - interval '30 minutes', now() - interval '30 minutes', now(), now() + interval '1 day')`)
+	db.Exec(t, `INSERT INTO reconcile_state (key, tool, claimed_at) SELECT key, tool, claimed_at FROM idempotency_keys WHERE key = 'repaired'`)
+	reg := prometheus.NewRegistry()
+	m := NewLedgerMetrics(reg)
+	windows := func(string) (time.Duration, time.Duration) { return 90 * time.Second, 90 * time.Second }
+	if err := m.Update(context.Background(), db.Pool, windows, []string{"create_ticket"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.p99.WithLabelValues("create_ticket")); math.Abs(got-2) > 0.01 {
+		t.Fatalf("p99 = %v, want 2s (the old and the repaired keys left out)", got)
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,17 +25,28 @@ type ToolStats struct {
 	OldestStuckAgeSeconds float64 `json:"oldest_stuck_age_seconds,omitempty"`
 	FailedRetryable       int     `json:"failed_retryable"`
 	Completed             int     `json:"completed"`
-	Held                  int     `json:"held"`
+	// CompletedEstimated: Completed is an estimate from PostgreSQL's
+	// planner statistics (StatsWith), not a count.
+	CompletedEstimated bool `json:"completed_estimated"`
+	Held               int  `json:"held"`
 }
 
 // Windows returns, for a tool, its processing window + grace and its
 // heartbeat timeout.
 type Windows func(tool string) (window, heartbeat time.Duration)
 
-// Stats counts keys per tool and status. The per-status count scans the
-// table (an operator command, not a hot path); stuck keys are found through
-// the partial index.
+// Stats counts keys per tool and status: StatsWith with the default
+// options (completed keys estimated on a large ledger, every other figure
+// exact).
 func Stats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolStats, error) {
+	c, err := StatsWith(ctx, db, windows, StatsOptions{})
+	return c.Tools, err
+}
+
+// exactStats counts every row per tool and status: a scan of the whole
+// table (`status --exact`, or a ledger small enough for it); stuck keys
+// are found through the partial index.
+func exactStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolStats, error) {
 	rows, err := db.Query(ctx, `SELECT tool, status, count(*) FROM idempotency_keys GROUP BY tool, status`)
 	if err != nil {
 		return nil, wrap("count keys", err)
@@ -68,7 +78,7 @@ func Stats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolStats, e
 	if err != nil {
 		return nil, wrap("count keys", err)
 	}
-	stuck, err := StuckStats(ctx, db, windows)
+	stuck, _, err := stuckStats(ctx, db, windows)
 	if err != nil {
 		return nil, err
 	}
@@ -77,26 +87,13 @@ func Stats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolStats, e
 		s.InWindow, s.Stuck, s.OldestStuckClaimedAt, s.OldestStuckAgeSeconds = st.InWindow, st.Stuck, st.OldestStuckClaimedAt, st.OldestStuckAgeSeconds
 		delete(processing, st.Tool)
 	}
-	for tool, n := range processing { // claimed since StuckStats looked
+	for tool, n := range processing { // claimed since stuckStats looked
 		get(tool).InWindow = n
 	}
-	rows, err = db.Query(ctx, `SELECT k.tool, count(*) FROM key_holds h JOIN idempotency_keys k USING (key) GROUP BY k.tool`)
-	if err != nil {
-		return nil, wrap("count holds", err)
+	if err := countHolds(ctx, db, get); err != nil {
+		return nil, err
 	}
-	_, err = pgx.ForEachRow(rows, []any{&tool, &n}, func() error {
-		get(tool).Held = n
-		return nil
-	})
-	if err != nil {
-		return nil, wrap("count holds", err)
-	}
-	out := make([]ToolStats, 0, len(byTool))
-	for _, s := range byTool {
-		out = append(out, *s)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Tool < out[j].Tool })
-	return out, nil
+	return sortedStats(byTool), nil
 }
 
 // StuckStats counts processing keys per tool, in flight and stuck, through
@@ -106,22 +103,31 @@ func Stats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolStats, e
 // processing keys, the other counts every tool's stuck keys against its own
 // windows, passed as arrays.
 func StuckStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolStats, error) {
+	out, _, err := stuckStats(ctx, db, windows)
+	return out, err
+}
+
+// stuckStats is StuckStats, also returning each tool's processing keys
+// (in flight, stuck and held).
+func stuckStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolStats, map[string]int, error) {
 	rows, err := db.Query(ctx, `SELECT tool, count(*) FROM idempotency_keys WHERE status = 'processing' GROUP BY tool ORDER BY tool`)
 	if err != nil {
-		return nil, wrap("count processing keys", err)
+		return nil, nil, wrap("count processing keys", err)
 	}
 	var out []ToolStats
+	processing := map[string]int{}
 	var tool string
 	var n int
 	_, err = pgx.ForEachRow(rows, []any{&tool, &n}, func() error {
 		out = append(out, ToolStats{Tool: tool, InWindow: n})
+		processing[tool] = n
 		return nil
 	})
 	if err != nil {
-		return nil, wrap("count processing keys", err)
+		return nil, nil, wrap("count processing keys", err)
 	}
 	if len(out) == 0 {
-		return out, nil
+		return out, processing, nil
 	}
 	tools := make([]string, len(out))
 	wins := make([]time.Duration, len(out))
@@ -145,7 +151,7 @@ func StuckStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolSta
 			        AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - w.hb)) k
 		) s`, tools, wins, hbs)
 	if err != nil {
-		return nil, wrap("count stuck keys", err)
+		return nil, nil, wrap("count stuck keys", err)
 	}
 	var (
 		ord       int
@@ -167,9 +173,9 @@ func StuckStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolSta
 		return nil
 	})
 	if err != nil {
-		return nil, wrap("count stuck keys", err)
+		return nil, nil, wrap("count stuck keys", err)
 	}
-	return out, nil
+	return out, processing, nil
 }
 
 // Run is a record of one pass (reconcile, purge, alerts).
