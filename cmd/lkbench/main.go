@@ -3,6 +3,7 @@
 //
 //	lkbench purge [flags]   purge variants side by side under a fixed-rate writer
 //	lkbench rss [flags]     memory of a pass over backlogs of several sizes
+//	lkbench bigledger [flags]  operator commands and daemon statements on big ledgers
 //	lkbench reconcile [flags]   reconcile throughput, durable vs non-durable commits
 //	lkbench hotpath [flags]     the tool side's middleware against the raw minimum
 //
@@ -28,6 +29,7 @@ var subcommands = map[string]struct {
 	summary string
 	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }{
+	"bigledger": {"status, inspect, metrics refresh, lease, purge and reconcile on ledgers of 1, 5 and 20 million keys", runBigLedger},
 	"purge":     {"purge variants side by side under a fixed-rate claim+complete writer", runPurge},
 	"rss":       {"peak RSS of the ledgerkeeper binary's pass over stuck backlogs of several sizes", runRSS},
 	"hotpath":   {"ledger.Middleware against the raw minimum at open-loop arrival rates; Claim under contention", runHotPath},
