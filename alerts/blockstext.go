@@ -10,7 +10,7 @@ import (
 // BlocksText renders the Block Kit blocks of a posted message (the
 // "blocks" JSON array of a webhook payload or of chat.postMessage) as the
 // text on-call reads in Slack: the header, then each section and context,
-// a blank line between blocks, entities (&amp; &lt; &gt;) decoded. It is
+// buttons as [label], a blank line between blocks, entities (&amp; &lt; &gt;) decoded. It is
 // for printing what was posted (the demo, a test listener); it does not
 // render mrkdwn beyond that.
 func BlocksText(blocks []byte) (string, error) {
@@ -19,8 +19,11 @@ func BlocksText(blocks []byte) (string, error) {
 		Text *struct {
 			Text string `json:"text"`
 		} `json:"text"`
+		// A context's elements carry their text as a string; an actions
+		// block's buttons as a text object.
 		Elements []struct {
-			Text string `json:"text"`
+			Type string          `json:"type"`
+			Text json.RawMessage `json:"text"`
 		} `json:"elements"`
 	}
 	if err := json.Unmarshal(blocks, &bs); err != nil {
@@ -33,8 +36,15 @@ func BlocksText(blocks []byte) (string, error) {
 			texts = append(texts, b.Text.Text)
 		}
 		for _, e := range b.Elements {
-			if e.Text != "" {
-				texts = append(texts, e.Text)
+			var text string
+			var obj struct {
+				Text string `json:"text"`
+			}
+			switch {
+			case json.Unmarshal(e.Text, &text) == nil && text != "":
+				texts = append(texts, text)
+			case e.Type == "button" && json.Unmarshal(e.Text, &obj) == nil && obj.Text != "":
+				texts = append(texts, "["+obj.Text+"]")
 			}
 		}
 		if len(texts) > 0 {

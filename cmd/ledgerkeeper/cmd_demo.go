@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -49,7 +48,10 @@ func newDemoCmd(a *app) *cobra.Command {
   - tool calls that succeed, crash after their effect, crash before it,
     hit a tool without a probe, and find a duplicate downstream;
   - one reconcile pass with the http probe, the retries that follow, and
-    the Slack alerts, posted to a local stand-in for Slack and printed.
+    the Slack alerts, posted to a local stand-in for Slack and printed;
+  - one Slack action end to end: the stand-in clicks "Mark retryable" on
+    an alert (as a user not allowed, then as the operator) with a signed
+    request to /slack/interactions, and the key's row and audit follow.
 
 Nothing outside the scratch database is touched.`,
 		Args: args(cobra.NoArgs),
@@ -205,6 +207,9 @@ func runDemo(ctx context.Context, a *app) error {
 	if err := d.mcpStep(ctx); err != nil {
 		return err
 	}
+	if err := d.slackStep(ctx, eng.Windows); err != nil {
+		return err
+	}
 	d.say("\nDone. Next: 'ledgerkeeper demo --print-config' shows the configuration used; README.md explains each part.")
 	d.say("Before deploying a probe of your own: 'ledgerkeeper probe check' runs its self-check and 'ledgerkeeper probe run KEY' probes one key by hand; neither writes anything.")
 	return nil
@@ -330,12 +335,24 @@ func indent(s string) string {
 	return "  | " + strings.ReplaceAll(strings.TrimSpace(s), "\n", "\n  | ")
 }
 
-// fakeSlack is a local stand-in for Slack's chat.postMessage.
+// fakeSlack is a local stand-in for Slack: the Web API methods the alerts
+// and the Slack actions call (chat.postMessage, chat.update,
+// conversations.history, views.open, chat.postEphemeral) and response
+// URLs, keeping the messages and what on-call was shown.
 type fakeSlack struct {
 	srv *http.Server
 	url string
 	mu  sync.Mutex
-	got []string
+	got []string // the messages as posted, as on-call reads them
+	// msgs are the messages as they stand (chat.update changes them).
+	msgs    []*fakeMessage
+	views   []json.RawMessage // views opened, newest last
+	replies []string          // ephemeral answers, newest last
+}
+
+type fakeMessage struct {
+	channel, ts, text string
+	blocks            json.RawMessage
 }
 
 func startFakeSlack() (*fakeSlack, error) {
@@ -344,31 +361,85 @@ func startFakeSlack() (*fakeSlack, error) {
 		return nil, err
 	}
 	f := &fakeSlack{url: "http://" + ln.Addr().String()}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/api/chat.postMessage", func(w http.ResponseWriter, r *http.Request) {
-		raw, _ := io.ReadAll(r.Body)
-		text := ""
-		if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
-			var m struct {
-				Text   string          `json:"text"`
-				Blocks json.RawMessage `json:"blocks"`
-			}
-			_ = json.Unmarshal(raw, &m)
-			text = blocksOr(m.Blocks, m.Text)
-		} else {
-			r.Body = io.NopCloser(bytes.NewReader(raw))
-			_ = r.ParseForm()
-			text = blocksOr([]byte(r.PostForm.Get("blocks")), r.PostForm.Get("text"))
-		}
-		f.mu.Lock()
-		f.got = append(f.got, text)
-		f.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"ok":true,"channel":"C0DEMO","ts":"1700000000.000100"}`))
-	})
-	f.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = f.srv.Serve(ln) }()
 	return f, nil
+}
+
+// serve answers one call; every field is read from the form or the JSON
+// body, as slack-go sends them.
+func (f *fakeSlack) serve(w http.ResponseWriter, r *http.Request) {
+	raw, _ := io.ReadAll(r.Body)
+	var js map[string]json.RawMessage
+	form := url.Values{}
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+		_ = json.Unmarshal(raw, &js)
+	} else {
+		form, _ = url.ParseQuery(string(raw))
+	}
+	field := func(name string) string {
+		if v := form.Get(name); v != "" {
+			return v
+		}
+		var str string
+		if json.Unmarshal(js[name], &str) == nil {
+			return str
+		}
+		return string(js[name])
+	}
+	answer := func(v any) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(v)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if strings.HasPrefix(r.URL.Path, "/response/") {
+		f.replies = append(f.replies, blocksOr([]byte(field("blocks")), field("text")))
+		answer(map[string]any{"ok": true})
+		return
+	}
+	switch strings.TrimPrefix(r.URL.Path, "/api/") {
+	case "chat.postMessage":
+		m := &fakeMessage{channel: field("channel"), ts: fmt.Sprintf("1700000000.%06d", len(f.msgs)+1), text: field("text"), blocks: json.RawMessage(field("blocks"))}
+		f.msgs = append(f.msgs, m)
+		f.got = append(f.got, blocksOr(m.blocks, m.text))
+		answer(map[string]any{"ok": true, "channel": m.channel, "ts": m.ts})
+	case "chat.update":
+		if m := f.message(field("channel"), field("ts")); m != nil {
+			m.text, m.blocks = field("text"), json.RawMessage(field("blocks"))
+			answer(map[string]any{"ok": true, "channel": m.channel, "ts": m.ts})
+			return
+		}
+		answer(map[string]any{"ok": false, "error": "message_not_found"})
+	case "conversations.history":
+		var found []any
+		if m := f.message(field("channel"), field("latest")); m != nil {
+			found = append(found, map[string]any{"type": "message", "ts": m.ts, "text": m.text, "blocks": m.blocks})
+		}
+		answer(map[string]any{"ok": true, "messages": found})
+	case "views.open":
+		var view map[string]any
+		_ = json.Unmarshal(js["view"], &view)
+		view["id"] = fmt.Sprintf("V0DEMO%d", len(f.views)+1)
+		b, _ := json.Marshal(view)
+		f.views = append(f.views, b)
+		answer(map[string]any{"ok": true, "view": view})
+	case "chat.postEphemeral":
+		f.replies = append(f.replies, blocksOr([]byte(field("blocks")), field("text")))
+		answer(map[string]any{"ok": true, "message_ts": "1700000001.000001"})
+	default:
+		answer(map[string]any{"ok": false, "error": "unknown_method"})
+	}
+}
+
+// message is the message at channel and ts (nil: none); f.mu is held.
+func (f *fakeSlack) message(channel, ts string) *fakeMessage {
+	for _, m := range f.msgs {
+		if m.channel == channel && m.ts == ts {
+			return m
+		}
+	}
+	return nil
 }
 
 func (f *fakeSlack) messages() []string {

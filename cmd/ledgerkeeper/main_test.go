@@ -403,10 +403,22 @@ func TestDemo(t *testing.T) {
 		`retry      wf-6:step-1:add_note -> "note 1 added" replay=true`,
 		"add_note ran 1 time(s) for one key",
 		"probe self-check of create_ticket, before any of its keys changed (by hand: 'ledgerkeeper probe check'): trusted: the made-up key came back not_found; 1 of 1 completed keys came back found with their stored values",
+		// The Slack step: buttons on the alert, a refusal, the operator's
+		// confirmation and its effect on the row, the message and the audit.
+		"[Inspect] [Hold] [Release] [Mark retryable] [Store outcome]",
+		"U0STRANGER (not in alerts.slack.operators) clicks Mark retryable -> 200; Slack shows them:\n  | You are not allowed to mark retryable from Slack",
+		"U0DEMO (demo-oncall) clicks Mark retryable -> 200; ledgerkeeper asks for confirmation:\n  | [Mark retryable]",
+		"  | demo-oncall marked `wf-4:step-2:refund_payment` retryable at ",
+		"wf-4:step-2:refund_payment is now failed_retryable",
+		"slack:U0STRANGER    operator   slack_refused",
+		`slack:U0DEMO        operator   operator_marked_retryable {"forced": false, "reason": "checked the refunds table: no refund for wf-4 (by demo-oncall via Slack)"}`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+	if strings.Contains(out+stderr, "demo-signing-secret-not-a-real-one") {
+		t.Error("the demo printed its signing secret")
 	}
 	if n := db.Count(t, "pg_database WHERE datname LIKE 'ledgerkeeper_demo_%'"); n != 0 {
 		t.Fatalf("scratch database left behind: %d", n)
