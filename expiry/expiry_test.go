@@ -126,7 +126,7 @@ type ruleCase struct {
 
 // shapes are the batch shapes the purge's safety tests run with: every rule
 // must hold whichever way a batch deletes.
-var shapes = []store.PurgeShape{store.PurgeByCTID, store.PurgeByKey}
+var shapes = []store.PurgeShape{store.PurgeByCTID, store.PurgeByKey, store.PurgeByRange}
 
 // Each retention rule, alone: is the key gone after one pass?
 func TestRules(t *testing.T) {

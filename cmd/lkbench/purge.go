@@ -118,7 +118,7 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	for _, n := range names {
 		base, _, _ := strings.Cut(n, ":")
 		if _, ok := purgeVariants[base]; !ok {
-			return fmt.Errorf("unknown variant %q (want none, delete, river, ledgerkeeper[:batch=N][:duty=F][:target=D][:pause=D][:shape=ctid|key], any of them [:index=expires_key])", n)
+			return fmt.Errorf("unknown variant %q (want none, delete, river, ledgerkeeper[:batch=N][:duty=F][:target=D][:pause=D][:shape=ctid|key|range], any of them [:index=expires_key])", n)
 		}
 		if _, _, err := variantConfig(n, lkCfg); err != nil {
 			return err
@@ -189,7 +189,7 @@ func variantConfig(name string, cfg expiry.Config) (expiry.Config, string, error
 		case "shape":
 			cfg.BatchShape = store.PurgeShape(v)
 			if !cfg.BatchShape.Known() {
-				err = fmt.Errorf("unknown shape (want %s or %s)", store.PurgeByCTID, store.PurgeByKey)
+				err = fmt.Errorf("unknown shape (want %s, %s or %s)", store.PurgeByCTID, store.PurgeByKey, store.PurgeByRange)
 			}
 		case "index":
 			index = v

@@ -70,6 +70,8 @@ func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		mode        = fs.String("mode", "serve", "serve (the daemon's first pass, run at start), reconcile (the one-pass command), or daemon (one serve through idle, a pass over --keys, a purge of --purge-rows)")
 		purgeRows   = fs.Int64("purge-rows", 5_000_000, "daemon: expired rows the daemon's purge deletes")
 		idle        = fs.Duration("idle", 10*time.Second, "daemon: the idle window sampled for the baseline")
+		purgeDuty   = fs.Float64("purge-duty-cycle", 0, "daemon: retention.duty_cycle (0: the default)")
+		purgeTarget = fs.Duration("purge-batch-target", 0, "daemon: retention.batch_target (0: the default)")
 		concurrency = fs.Int("concurrency", 32, "reconcile.concurrency")
 		interval    = fs.Duration("interval", 200*time.Millisecond, "how often VmRSS is sampled")
 		foundEvery  = fs.Int("found-every", 2, "the downstream finds every Nth key (the pass completes it) and not the others (failed_retryable)")
@@ -91,8 +93,8 @@ func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if !set["interval"] {
 			*interval = 100 * time.Millisecond
 		}
-		if *purgeRows <= 0 || *idle <= 0 {
-			return errors.New("--purge-rows and --idle must be positive")
+		if *purgeRows <= 0 || *idle <= 0 || *purgeDuty < 0 || *purgeDuty > 1 || *purgeTarget < 0 {
+			return errors.New("--purge-rows and --idle must be positive, --purge-duty-cycle in [0, 1], --purge-batch-target not negative")
 		}
 	}
 	if *concurrency <= 0 || *interval <= 0 || *foundEvery <= 0 {
@@ -142,7 +144,8 @@ func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return errors.New("--mode daemon takes one --keys size")
 		}
 		r, err := rssDaemon(ctx, srv, daemonSetup{bin: *bin, work: work, keys: sizes[0], purge: *purgeRows, concurrency: *concurrency,
-			interval: *interval, idle: *idle, downstream: "http://" + ln.Addr().String(), found: down}, logf)
+			interval: *interval, idle: *idle, purgeDuty: *purgeDuty, purgeTarget: *purgeTarget,
+			downstream: "http://" + ln.Addr().String(), found: down}, logf)
 		if err != nil {
 			return err
 		}
@@ -580,7 +583,7 @@ reconcile:
   max_duration: 1h
 retention:
   max_duration: 1h
-` + rssTool
+%s` + rssTool
 
 type daemonSetup struct {
 	bin, work   string
@@ -588,6 +591,12 @@ type daemonSetup struct {
 	concurrency int
 	interval    time.Duration
 	idle        time.Duration
+	// purgeDuty and purgeTarget, when set, are retention.duty_cycle and
+	// retention.batch_target: a purge of millions of rows at the defaults
+	// takes an hour on a busy machine, and its memory does not depend on
+	// its pace.
+	purgeDuty   float64
+	purgeTarget time.Duration
 	downstream  string
 	found       *downstream
 }
@@ -612,7 +621,14 @@ func rssDaemon(ctx context.Context, srv *server, s daemonSetup, logf func(string
 	}
 	defer done()
 	cfgPath := filepath.Join(s.work, "rss-daemon.yaml")
-	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, rssDaemonConfig, s.concurrency, s.downstream), 0o600); err != nil {
+	var pacing string
+	if s.purgeDuty > 0 {
+		pacing += fmt.Sprintf("  duty_cycle: %v\n", s.purgeDuty)
+	}
+	if s.purgeTarget > 0 {
+		pacing += fmt.Sprintf("  batch_target: %s\n", s.purgeTarget)
+	}
+	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, rssDaemonConfig, s.concurrency, pacing, s.downstream), 0o600); err != nil {
 		return res, err
 	}
 	logPath := filepath.Join(s.work, "rss-daemon.log")

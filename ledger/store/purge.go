@@ -194,6 +194,12 @@ const (
 	// idempotency_keys_pkey per row): what an engine without ctid
 	// (CockroachDB, YugabyteDB) can run.
 	PurgeByKey PurgeShape = "key"
+	// PurgeByRange deletes the purgeable rows of the keyset range the
+	// chosen rows span, (cursor, last chosen], walking the expires_at index
+	// again: no lookup per row, and no ctid. It may also delete a row of
+	// the range that became purgeable after the choice (it is re-checked
+	// like every other).
+	PurgeByRange PurgeShape = "range"
 )
 
 // DefaultPurgeShape is the shape PurgeExpiredBatch uses; BENCHMARKS.md
@@ -249,6 +255,9 @@ func PurgeExpiredBatchBy(ctx context.Context, db Beginner, shape PurgeShape, p P
 var purgeBatchSQL = map[PurgeShape]string{
 	PurgeByCTID: purgeBatch("k.ctid, k.expires_at, k.key", "k.ctid = ANY (ARRAY(SELECT ctid FROM chosen))"),
 	PurgeByKey:  purgeBatch("k.expires_at, k.key", "k.key = ANY (ARRAY(SELECT key FROM chosen))"),
+	PurgeByRange: purgeBatch("k.expires_at, k.key", `k.expires_at >= $1 AND k.expires_at <= (SELECT expires_at FROM last)
+	  AND (k.expires_at, k.key) > ($1::timestamptz, $5::text)
+	  AND (k.expires_at, k.key::text) <= (SELECT expires_at, key::text FROM last)`),
 }
 
 func purgeBatch(chosenCols, deleteWhere string) string {
@@ -259,13 +268,13 @@ func purgeBatch(chosenCols, deleteWhere string) string {
 	  AND ` + purgeable + `
 	ORDER BY k.expires_at, k.key
 	LIMIT $6
+), last AS (
+	SELECT expires_at, key FROM chosen ORDER BY expires_at DESC, key DESC LIMIT 1
 ), gone AS (
 	DELETE FROM idempotency_keys k
 	WHERE ` + deleteWhere + `
 	  AND ` + purgeable + `
 	RETURNING k.key, k.tool, k.status, k.expires_at
-), last AS (
-	SELECT expires_at, key FROM chosen ORDER BY expires_at DESC, key DESC LIMIT 1
 )
 SELECT (SELECT count(*) FROM chosen), (SELECT expires_at FROM last), (SELECT key FROM last),
        g.tool, g.status, count(g.key), min(g.expires_at), array_agg(g.key) FILTER (WHERE g.key IS NOT NULL)
