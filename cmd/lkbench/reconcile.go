@@ -21,6 +21,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
@@ -42,6 +43,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	passes := fs.Int("passes", 3, "measured passes per cluster (alternating), after one warm-up pass each")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured passes (both clusters) to FILE")
 	jsonOut := fs.String("json", "", "also write the results as JSON to FILE")
+	planCache := fs.String("plan-cache-mode", "", "set plan_cache_mode for the benchmark database (auto, force_custom_plan, force_generic_plan; default: the server's)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -84,6 +86,11 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		url, err := srv.createDB(ctx, "lkbench_reconcile", "")
 		if err != nil {
 			return err
+		}
+		if *planCache != "" {
+			if err := srv.exec(ctx, "ALTER DATABASE lkbench_reconcile SET plan_cache_mode = "+pgx.Identifier{*planCache}.Sanitize()); err != nil {
+				return fmt.Errorf("--plan-cache-mode: %w", err)
+			}
 		}
 		c.pool, err = newPool(ctx, url, int32(*concurrency+4), "ledgerkeeper")
 		if err != nil {
