@@ -162,10 +162,12 @@ var errHoldRace = errors.New("a key of the batch was put on hold meanwhile")
 // their reconcile_state rows, in one transaction of its own:
 //
 //  1. one statement chooses candidates through the expires_at index, in
-//     keyset order, and deletes them by ctid, re-checking status, expiry
-//     and floor in the DELETE's own WHERE: a row a writer changed after the
-//     statement's snapshot (a retry re-claiming a failed_retryable key) is
-//     re-evaluated on its new version, which no longer qualifies;
+//     keyset order, and deletes them by ctid (DefaultPurgeShape; see
+//     PurgeExpiredBatchBy for the portable shapes), re-checking status,
+//     expiry and floor in the DELETE's own WHERE: a row a writer changed
+//     after the statement's snapshot (a retry re-claiming a
+//     failed_retryable key) is re-evaluated on its new version, which no
+//     longer qualifies;
 //  2. a second statement, under a fresh snapshot, looks for holds on the
 //     deleted keys and deletes their reconcile_state rows.
 //
@@ -202,8 +204,10 @@ const (
 	PurgeByRange PurgeShape = "range"
 )
 
-// DefaultPurgeShape is the shape PurgeExpiredBatch uses; BENCHMARKS.md
-// ("Portable purge") has the measurement that chose it.
+// DefaultPurgeShape is the shape PurgeExpiredBatch uses. ctid, because
+// neither portable shape came within 10% of it (BENCHMARKS.md, "Portable
+// purge"): one batch of PurgeByKey took 4.7x as long, one of PurgeByRange
+// 1.15x, and both wrote 8-15% more WAL per row.
 const DefaultPurgeShape = PurgeByCTID
 
 // Known reports whether s is one of the shapes above.
