@@ -61,7 +61,10 @@
 // its own short transaction, so a pass stopped anywhere (budget, error,
 // kill -9) loses nothing: what was deleted stays deleted, the rest waits
 // for the next pass. Batches page by keyset on (expires_at, key), so later
-// batches do not rescan the index entries of rows deleted before them.
+// batches do not rescan the index entries of rows deleted before them, and
+// delete the rows they chose by ctid; Config.BatchShape selects a shape
+// without ctid instead, by primary key or by keyset range, for engines that
+// have none (slower on PostgreSQL: BENCHMARKS.md, "Portable purge").
 //
 // # Pacing
 //
