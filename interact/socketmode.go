@@ -122,7 +122,8 @@ func NewSocketMode(h *Handler, cfg SocketModeConfig) (*SocketMode, error) {
 }
 
 // Start connects in the background and returns at once; connection
-// problems are logged and retried, never returned.
+// problems are logged and retried, never returned. It runs until ctx is
+// cancelled or Stop is called.
 func (s *SocketMode) Start(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -130,7 +131,7 @@ func (s *SocketMode) Start(ctx context.Context) error {
 		return errors.New("interact: socket mode already started")
 	}
 	s.started = true
-	ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	ctx, s.cancel = context.WithCancel(ctx)
 	s.done = make(chan struct{})
 	go func() {
 		defer close(s.done)
@@ -140,7 +141,7 @@ func (s *SocketMode) Start(ctx context.Context) error {
 }
 
 // Stop closes the connection and waits for the interactions in hand to
-// finish (each bounded by HandleTimeout). Envelopes received but not yet
+// finish (each bounded by HandleTimeout), as a cancelled ctx does. Envelopes received but not yet
 // handled are not acknowledged: Slack redelivers them, to another replica
 // if one is connected.
 func (s *SocketMode) Stop() {

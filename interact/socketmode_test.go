@@ -244,6 +244,38 @@ func TestSocketModeReconnectsAndStops(t *testing.T) {
 	testwait.Eventually(t, func() bool { return len(sock.Conns()) == 0 }, testwait.Timeout, "the connection to close at Stop")
 }
 
+// Cancelling Start's context closes the connection too; Stop then
+// returns at once.
+func TestSocketModeStopsOnContextCancel(t *testing.T) {
+	db := pgtest.New(t)
+	srv := slacktest.New(t, smBotToken)
+	sock := srv.SocketMode(t, smAppToken)
+	h, err := New(Config{Pool: db.Pool, Slack: srv.Client(smBotToken), Operators: map[string]Operator{smOperator: {Name: "alice"}}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm, err := NewSocketMode(h, SocketModeConfig{AppToken: smAppToken, APIURL: srv.APIURL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := sm.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sm.Start(ctx); err == nil {
+		t.Error("started twice")
+	}
+	sock.WaitConns(t, 1, testwait.Timeout)
+	cancel()
+	testwait.Eventually(t, func() bool { return len(sock.Conns()) == 0 }, testwait.Timeout, "the connection to close when the context is cancelled")
+	stopped := make(chan struct{})
+	go func() {
+		sm.Stop()
+		close(stopped)
+	}()
+	testwait.Recv(t, stopped, testwait.Timeout)
+}
+
 // A refused app token is logged and retried with back-off, never fatal;
 // Stop ends the retrying.
 func TestSocketModeRefusedTokenIsRetried(t *testing.T) {
