@@ -69,6 +69,9 @@ type Policy struct {
 	// verdicts are acted on unchecked. Dangerous: a probe broken on day one
 	// marks keys retryable whose effect happened.
 	SelfCheckDisabled bool
+	// RateLimit bounds this process's probes of the tool (self-checks and
+	// half-open trials included). Zero: no limit.
+	RateLimit RateLimit
 }
 
 // Config configures an Engine. Zero values take the defaults above.
@@ -180,6 +183,10 @@ type Engine struct {
 
 	sweepMu     sync.Mutex
 	sweepCursor alerts.OpenAlert // where the next alert sweep resumes
+
+	// limits holds each probed tool's rate limiter and Retry-After pause,
+	// shared by every pass of this engine (built in New, read-only after).
+	limits map[string]*toolLimit
 }
 
 // New returns an engine. metrics may be nil.
@@ -210,7 +217,13 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, metrics *Metrics) 
 			metrics.initTool(tool)
 		}
 	}
-	return &Engine{cfg: cfg, pool: pool, logger: logger, metrics: metrics}
+	limits := map[string]*toolLimit{}
+	for tool, pol := range cfg.Tools {
+		if pol.Probe != nil {
+			limits[tool] = newToolLimit(tool, pol.RateLimit, metrics)
+		}
+	}
+	return &Engine{cfg: cfg, pool: pool, logger: logger, metrics: metrics, limits: limits}
 }
 
 // Policy returns the effective policy of a tool.

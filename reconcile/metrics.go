@@ -16,6 +16,10 @@ type Metrics struct {
 	breakerOpens  *prometheus.CounterVec
 	lastPass      prometheus.Gauge
 	check         *checkMetrics
+	// rateWait, pauses and pausedUntil: the polite prober (ratelimit.go).
+	rateWait    *prometheus.CounterVec
+	pauses      *prometheus.CounterVec
+	pausedUntil *prometheus.GaugeVec
 }
 
 // NewMetrics registers the engine's series with reg.
@@ -52,7 +56,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Unix time of the last reconcile pass that finished without error.",
 		}),
 	}
-	reg.MustRegister(m.probes, m.probeDuration, m.decisions, m.passes, m.passDuration, m.breakerOpens, m.lastPass)
+	m.rateWait = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledgerkeeper_reconcile_probe_rate_limit_wait_seconds_total",
+		Help: "Seconds probes of a tool waited for its probe.rate_limit (this process), by tool.",
+	}, []string{"tool"})
+	m.pauses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledgerkeeper_reconcile_probe_pauses_total",
+		Help: "Times a tool's downstream paused its probing with a 429 or 503 and Retry-After (this process), by tool. No attempt is counted against the keys.",
+	}, []string{"tool"})
+	m.pausedUntil = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "ledgerkeeper_reconcile_probe_paused_until_timestamp_seconds",
+		Help: "Unix time until which a downstream's Retry-After paused the tool's probing in this process (in the past: not paused).",
+	}, []string{"tool"})
+	reg.MustRegister(m.probes, m.probeDuration, m.decisions, m.passes, m.passDuration, m.breakerOpens, m.lastPass,
+		m.rateWait, m.pauses, m.pausedUntil)
 	for _, r := range []string{"ok", "error", "stopped"} {
 		m.passes.WithLabelValues(r) // from zero: the first failure is an increase
 	}
@@ -67,6 +84,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) initTool(tool string) {
 	m.check.initTool(tool)
 	m.breakerOpens.WithLabelValues(tool)
+	m.rateWait.WithLabelValues(tool)
+	m.pauses.WithLabelValues(tool)
 	for _, v := range []string{"found", "not_found", "duplicate", "unknown"} {
 		m.probes.WithLabelValues(tool, v)
 	}
@@ -91,6 +110,26 @@ func (m *Metrics) observeDecision(tool, action string) {
 }
 
 func (m *Metrics) breakerOpened(tool string) { m.breakerOpens.WithLabelValues(tool).Inc() }
+
+// rateLimitWaited counts time a probe waited for its tool's rate limit. m
+// may be nil.
+func (m *Metrics) rateLimitWaited(tool string, d time.Duration) {
+	if m != nil {
+		m.rateWait.WithLabelValues(tool).Add(d.Seconds())
+	}
+}
+
+// probePaused records a downstream's pause of a tool's probing: counted
+// when it starts, the gauge moved whenever it lengthens. m may be nil.
+func (m *Metrics) probePaused(tool string, until time.Time, started bool) {
+	if m == nil {
+		return
+	}
+	if started {
+		m.pauses.WithLabelValues(tool).Inc()
+	}
+	m.pausedUntil.WithLabelValues(tool).Set(float64(until.UnixMilli()) / 1000)
+}
 
 func (m *Metrics) observePass(r Report, err error) {
 	if r.DryRun {

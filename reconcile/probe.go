@@ -16,6 +16,7 @@ const leaseMargin = 2 * time.Second
 // handle probes one leased key and hands the answer to a writer.
 func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time) {
 	p := t.p
+	defer t.pace.inFlight.Done()
 	if t.trialDone != nil {
 		defer t.trialOnce.Do(func() { close(t.trialDone) })
 	}
@@ -30,6 +31,12 @@ func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time
 		}
 	}
 	// A stopping pass starts no probe: the key is given back, due at once.
+	// So does a paused one (a downstream's Retry-After): no attempt counted.
+	lim := t.limit()
+	if lim.pausedFor() > 0 {
+		t.pausedRelease(release)
+		return
+	}
 	if ctx.Err() != nil || p.stopping() || t.isOpen() {
 		release()
 		return
@@ -44,6 +51,24 @@ func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time
 		release()
 		return
 	}
+	// The tool's rate limit, shared by every pass of this process: waited
+	// for holding the tool's slot only, so that a slow downstream never
+	// holds a global slot another tool could use. A token that would come
+	// too late for the lease is not taken; the key is given back.
+	var latest time.Time
+	if !p.opts.DryRun {
+		latest = leasedAt.Add(p.e.cfg.Lease - t.policy.ProbeTimeout - leaseMargin)
+	}
+	if !lim.wait(ctx, p.opts.Stop, latest) {
+		<-t.sem
+		release()
+		return
+	}
+	if lim.pausedFor() > 0 {
+		<-t.sem
+		t.pausedRelease(release)
+		return
+	}
 	select {
 	case p.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -56,6 +81,11 @@ func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time
 		return
 	}
 	free := func() { <-p.sem; <-t.sem }
+	if lim.pausedFor() > 0 {
+		free()
+		t.pausedRelease(release)
+		return
+	}
 	if t.isOpen() || p.stopping() {
 		free()
 		release()
@@ -80,11 +110,25 @@ func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time
 		res = t.policy.Probe.Probe(ctx, probes.Key{
 			Key: l.Key.Key, Tool: l.Tool, RequestBody: l.RequestBody, CreatedAt: l.CreatedAt, ClaimedAt: l.ClaimedAt,
 		})
-		if p.e.metrics != nil {
+		if _, throttled := probes.Throttled(res); p.e.metrics != nil && !throttled {
 			p.e.metrics.observeProbe(t.tool, string(res.Verdict), time.Since(started))
 		}
 	}
 	free()
+	if after, ok := probes.Throttled(res); ok && t.policy.Probe != nil {
+		// The downstream answered and asked us to wait: not a verdict, not
+		// a failure. The key is given back as it was (attempts, back-off,
+		// audit untouched: it stays due), the tool's probing pauses, and
+		// the breaker counts nothing: the downstream is alive and we do
+		// what it asked.
+		until, started := lim.pause(after)
+		t.pausedRelease(release)
+		if started {
+			p.e.logger.Warn("downstream asked to wait: probing paused, no attempt counted", "tool", t.tool,
+				"retry_after", after, "paused_until", until, "err", p.e.cfg.Redactor.String(res.Err.Error()))
+		}
+		return
+	}
 	if ctx.Err() != nil {
 		// Cancelled mid-probe (a graceful stop's grace ran out, or a hard
 		// stop): whatever the probe said may be an artefact of the

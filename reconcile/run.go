@@ -251,6 +251,8 @@ type toolRun struct {
 	openUntil   *time.Time
 	check       *CheckResult
 	untrusted   bool
+
+	pace pace // keys in flight and given back to a pause (ratelimit.go)
 }
 
 func (p *pass) runTool(ctx context.Context, tool string) error {
@@ -275,6 +277,9 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		IgnoreBackoff:    len(p.opts.Keys) > 0,
 	}
 	if policy.Probe != nil {
+		if !t.awaitPause(ctx) { // no self-check or trial while paused
+			return nil
+		}
 		on, err := t.admit(ctx, lp)
 		if err != nil || !on {
 			return err
@@ -301,6 +306,9 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 	var after store.Leased // a dry run pages without leasing
 	waitTrial := t.halfOpen
 	for ctx.Err() == nil && !p.stopping() && !t.isOpen() {
+		if !t.awaitPause(ctx) {
+			break
+		}
 		if time.Since(p.report.StartedAt) >= p.e.cfg.MaxDuration {
 			p.outOfTime()
 			break
@@ -345,6 +353,9 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		}
 		if leaseErr != nil || len(batch) == 0 {
 			p.budget.giveBack(want)
+			if leaseErr == nil && t.resumeAfterPause(ctx) {
+				continue // keys a pause gave back are due again
+			}
 			break
 		}
 		p.budget.giveBack(want - len(batch))
@@ -355,6 +366,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 				return slices.ContainsFunc(batch, func(l store.Leased) bool { return l.Key.Key == k })
 			})
 		}
+		t.pace.inFlight.Add(len(batch))
 		for _, l := range batch {
 			queue <- leasedKey{l, leasedAt}
 		}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
@@ -75,6 +76,11 @@ type CheckResult struct {
 	Actor         string    `json:"actor,omitempty"`
 	// Cached: the result is a stored check still fresh, not a new one.
 	Cached bool `json:"cached,omitempty"`
+	// Paused: the downstream asked to wait (429 or 503 with Retry-After)
+	// during the check, so it vouches for nothing: inconclusive, neither
+	// stored nor counted by the circuit breaker; the next pass after the
+	// pause checks again.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // Trusted reports whether the tool's verdicts may change the ledger.
@@ -108,15 +114,35 @@ func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy) (CheckRe
 		CreatedAt: time.Now(), ClaimedAt: time.Now()}
 
 	res.Samples = make([]SampleCheck, len(samples))
+	// Probes of the same downstream: the tool's rate limit and pause apply.
+	lim := e.limits[tool]
+	var paused atomic.Bool
+	probe := func(k probes.Key) probes.Result {
+		if !lim.wait(ctx, nil, time.Time{}) {
+			return probes.Result{Verdict: probes.Unknown, Err: fmt.Errorf("self-check probe not sent: %w", context.Cause(ctx))}
+		}
+		if lim.pausedFor() > 0 {
+			paused.Store(true)
+			return probes.Result{Verdict: probes.Unknown, Err: errors.New("self-check probe not sent: the downstream asked to wait (Retry-After)")}
+		}
+		r := pol.Probe.Probe(ctx, k)
+		if after, ok := probes.Throttled(r); ok {
+			paused.Store(true)
+			if _, started := lim.pause(after); started {
+				e.logger.Warn("downstream asked to wait during a self-check: probing paused", "tool", tool, "retry_after", after)
+			}
+		}
+		return r
+	}
 	var wg sync.WaitGroup
 	for i, s := range samples {
 		wg.Go(func() {
-			r := pol.Probe.Probe(ctx, probes.Key{Key: s.Key, Tool: s.Tool, RequestBody: s.RequestBody, CreatedAt: s.CreatedAt, ClaimedAt: s.ClaimedAt})
+			r := probe(probes.Key{Key: s.Key, Tool: s.Tool, RequestBody: s.RequestBody, CreatedAt: s.CreatedAt, ClaimedAt: s.ClaimedAt})
 			res.Samples[i] = e.judgePresent(s, r)
 		})
 	}
 	wg.Go(func() {
-		r := pol.Probe.Probe(ctx, absent)
+		r := probe(absent)
 		res.Absent = e.judgeAbsent(absent.Key, r)
 	})
 	wg.Wait()
@@ -124,6 +150,10 @@ func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy) (CheckRe
 		return res, fmt.Errorf("self-check of tool %q interrupted: %w", tool, err)
 	}
 	judge(&res)
+	if paused.Load() {
+		res.Paused, res.Outcome = true, CheckInconclusive
+		res.Summary = "inconclusive: the downstream asked to wait (Retry-After) during the check; " + res.Summary
+	}
 	return res, nil
 }
 

@@ -130,7 +130,9 @@ func (t *toolRun) ensureTrusted(ctx context.Context) (CheckResult, error) {
 		return stored, nil
 	}
 	r, err := e.runCheck(ctx, t.tool, t.policy)
-	if err != nil {
+	if err != nil || r.Paused {
+		// Paused: a polite "come back later" vouches for nothing and
+		// counts nothing; nothing is stored, the next pass checks again.
 		return r, err
 	}
 	if e.metrics != nil {

@@ -90,6 +90,15 @@ func BuildProbes(ctx context.Context, cfg *config.Config, registry *probes.Regis
 	return out, closers, nil
 }
 
+// rateLimit is a probe's tools.T.probe.rate_limit for the engine (zero: no
+// limit).
+func rateLimit(p *config.Probe) reconcile.RateLimit {
+	if p == nil || p.RateLimit == nil {
+		return reconcile.RateLimit{}
+	}
+	return reconcile.RateLimit{RPS: p.RateLimit.RPS, Burst: p.RateLimit.Burst}
+}
+
 type closerFunc func()
 
 func (f closerFunc) Close() error { f(); return nil }
@@ -124,6 +133,7 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 			DownstreamDedupWindow: pol.DownstreamDedupWindow,
 			Concurrency:           pol.Concurrency,
 			Probe:                 built[name],
+			RateLimit:             rateLimit(pol.Probe),
 		}
 	}
 	r := cfg.Reconcile
