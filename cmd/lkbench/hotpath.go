@@ -131,7 +131,7 @@ func runHotPath(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return err
 		}
 	}
-	out := hotReport{LoadBefore: loadNow()}
+	out := hotReport{LoadBefore: loadAvg()}
 
 	// 1. Round trips and WAL per request, one request at a time.
 	for _, v := range hotVariants {
@@ -184,6 +184,15 @@ func runHotPath(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	for _, v := range hotVariants {
 		drv.Run(ctx, rates[0], 2*time.Second, fresh(v))
 	}
+	if _, err := pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
+		return err
+	}
+	// A variant stops after two rates in a row it did not sustain: on a
+	// shared machine one step can fail for a neighbour's burst.
+	failed := map[string]int{}
 	saturated := map[string]bool{}
 	for _, rate := range rates {
 		for _, v := range hotVariants {
@@ -192,9 +201,11 @@ func runHotPath(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 			s := drv.Run(ctx, rate, *stepDur, fresh(v))
 			logf("%-22s %5.0f/s: achieved %5.0f/s, p50 %6.2f ms, p99 %7.2f ms, skipped %d, errors %d, load %s",
-				v, rate, s.Achieved, s.P50ms, s.P99ms, s.Skipped, s.Errors, loadNow())
+				v, rate, s.Achieved, s.P50ms, s.P99ms, s.Skipped, s.Errors, loadAvg())
 			out.Steps = append(out.Steps, variantStep{Variant: v, loadStep: s})
-			if !s.Sustained {
+			if s.Sustained {
+				failed[v] = 0
+			} else if failed[v]++; failed[v] == 2 {
 				saturated[v] = true
 			}
 		}
@@ -219,12 +230,15 @@ func runHotPath(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		for j := range hotVariants {
 			v := hotVariants[(round+j)%len(hotVariants)]
 			s := drv.Run(ctx, half, *halfDur, fresh(v))
-			logf("at 50%%: %-22s %5.0f/s: p50 %6.2f ms, p99 %7.2f ms, errors %d, load %s", v, half, s.P50ms, s.P99ms, s.Errors, loadNow())
+			logf("at 50%%: %-22s %5.0f/s: p50 %6.2f ms, p99 %7.2f ms, errors %d, load %s", v, half, s.P50ms, s.P99ms, s.Errors, loadAvg())
 			out.Half = append(out.Half, variantStep{Variant: v, loadStep: s})
-			out.LoadDuring = append(out.LoadDuring, loadNow())
+			out.LoadDuring = append(out.LoadDuring, loadAvg())
 		}
 	}
 	stopProfile()
+	if out.Statements, err = topStatements(ctx, pool, 6); err != nil {
+		return err
+	}
 
 	// 4. ledger.Claim of one key by many at once.
 	for _, completed := range []bool{false, true} {
@@ -355,6 +369,7 @@ type hotReport struct {
 	HalfRate   float64            `json:"half_rate"`
 	Half       []variantStep      `json:"half"`
 	Contention []contention       `json:"contention"`
+	Statements []statement        `json:"statements"`
 	LoadBefore string             `json:"load_before"`
 	LoadDuring []string           `json:"load_during"`
 }
@@ -493,6 +508,13 @@ func printHotPath(w io.Writer, r hotReport) {
 		b := best[v]
 		fmt.Fprintf(w, "  %-22s p50 %6.2f ms (%.2f of raw)  p99 %7.2f ms (%.2f of raw)\n", v, b.P50ms, b.P50ms/best["raw"].P50ms, b.P99ms, b.P99ms/best["raw"].P99ms)
 	}
+	fmt.Fprintln(w, "\nPostgreSQL's execution time per statement over the steps and the runs at 50% (pg_stat_statements)")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "calls\tmean ms\ttotal ms\tstatement")
+	for _, st := range r.Statements {
+		fmt.Fprintf(tw, "%d\t%.3f\t%.0f\t%s\n", st.Calls, st.MeanMs, st.TotalMs, st.Query)
+	}
+	tw.Flush()
 	fmt.Fprintln(w, "\nledger.Claim of one key by many at once")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "key\tcontenders\trounds\tclaims/s\twinner p50 ms\tothers p50 ms\tothers p99 ms\tstatements/claim\toutcomes")

@@ -198,7 +198,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer stopProfile()
-	load0 := loadNow()
+	load0 := loadAvg()
 	var loads []string
 	for i := range *passes {
 		for j := range clusters {
@@ -208,7 +208,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 				return err
 			}
 			c.runs = append(c.runs, r)
-			loads = append(loads, loadNow())
+			loads = append(loads, loadAvg())
 			logf("%s: pass %d: %.0f keys/s, %.0f µs CPU/key (Go %.0f, PostgreSQL %.0f), load %s", c.name, i+1, r.KeysPerSec,
 				(r.GoCPU+r.PGCPU).Seconds()*1e6/float64(r.Keys), r.GoCPU.Seconds()*1e6/float64(r.Keys), r.PGCPU.Seconds()*1e6/float64(r.Keys), loads[len(loads)-1])
 		}
@@ -559,19 +559,6 @@ func (c *pgCPU) sample() (time.Duration, error) {
 		total += ticks(f, 11, 12)
 	}
 	return total, nil
-}
-
-// loadNow is /proc/loadavg's three load averages.
-func loadNow() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // startCPUProfile starts a CPU profile to path ("" profiles nothing); the
