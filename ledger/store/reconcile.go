@@ -117,7 +117,12 @@ ORDER BY c.claimed_at`
 	if len(p.Keys) > 0 {
 		keys = p.Keys
 	}
-	rows, err := db.Query(ctx, q, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, p.Owner, p.Lease)
+	// Planned with its parameters every time (an unnamed statement, its
+	// description cached): the generic plan of a prepared statement, which
+	// PostgreSQL may switch to after five executions, knows neither the
+	// window nor the limit, and made some passes' leases 25-40x slower
+	// (lkbench reconcile; BENCHMARKS.md, "the lease, sometimes").
+	rows, err := db.Query(ctx, q, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, p.Owner, p.Lease)
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
 	}
