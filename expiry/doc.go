@@ -62,9 +62,9 @@
 // kill -9) loses nothing: what was deleted stays deleted, the rest waits
 // for the next pass. Batches page by keyset on (expires_at, key), so later
 // batches do not rescan the index entries of rows deleted before them, and
-// delete the rows they chose by ctid; Config.BatchShape selects a shape
-// without ctid instead, by primary key or by keyset range, for engines that
-// have none (slower on PostgreSQL: BENCHMARKS.md, "Portable purge").
+// delete the purgeable rows of the keyset range they chose (no ctid, so the
+// statement also runs on engines without one); Config.BatchShape selects
+// the ctid or primary-key shape instead (BENCHMARKS.md, "Portable purge").
 //
 // # Pacing
 //

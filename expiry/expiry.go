@@ -89,9 +89,9 @@ type Config struct {
 	// Clock is the time source of the budget and the pacing. Default the
 	// real clock; tests substitute their own.
 	Clock Clock
-	// BatchShape is how a batch deletes the keys it chose (by ctid or by
-	// primary key). Not a configuration key: lkbench compares the shapes.
-	// Default store.DefaultPurgeShape.
+	// BatchShape is how a batch deletes the keys it chose (by keyset range,
+	// ctid or primary key). Not a configuration key: lkbench compares the
+	// shapes. Default store.DefaultPurgeShape (range).
 	BatchShape store.PurgeShape
 }
 

@@ -140,7 +140,8 @@ type PurgeBatchResult struct {
 	// Candidates is how many rows the batch chose for deletion.
 	Candidates int
 	// Keys is how many idempotency_keys rows it deleted: Candidates minus
-	// the rows that changed between the choice and the DELETE.
+	// the rows that changed between the choice and the DELETE (PurgeByRange
+	// can also delete a row of its range that became purgeable meanwhile).
 	Keys int64
 	// States is how many reconcile_state rows of those keys it deleted.
 	States int64
@@ -162,12 +163,12 @@ var errHoldRace = errors.New("a key of the batch was put on hold meanwhile")
 // their reconcile_state rows, in one transaction of its own:
 //
 //  1. one statement chooses candidates through the expires_at index, in
-//     keyset order, and deletes them by ctid (DefaultPurgeShape; see
-//     PurgeExpiredBatchBy for the portable shapes), re-checking status,
-//     expiry and floor in the DELETE's own WHERE: a row a writer changed
-//     after the statement's snapshot (a retry re-claiming a
-//     failed_retryable key) is re-evaluated on its new version, which no
-//     longer qualifies;
+//     keyset order, and deletes the purgeable rows of the keyset range they
+//     span (DefaultPurgeShape; PurgeExpiredBatchBy has the ctid and
+//     primary-key shapes), re-checking status, expiry and floor in the
+//     DELETE's own WHERE: a row a writer changed after the statement's
+//     snapshot (a retry re-claiming a failed_retryable key) is re-evaluated
+//     on its new version, which no longer qualifies;
 //  2. a second statement, under a fresh snapshot, looks for holds on the
 //     deleted keys and deletes their reconcile_state rows.
 //
@@ -204,11 +205,12 @@ const (
 	PurgeByRange PurgeShape = "range"
 )
 
-// DefaultPurgeShape is the shape PurgeExpiredBatch uses. ctid, because
-// neither portable shape came within 10% of it (BENCHMARKS.md, "Portable
-// purge"): one batch of PurgeByKey took 4.7x as long, one of PurgeByRange
-// 1.15x, and both wrote 8-15% more WAL per row.
-const DefaultPurgeShape = PurgeByCTID
+// DefaultPurgeShape is the shape PurgeExpiredBatch uses: PurgeByRange,
+// which needs no ctid, so the same statement runs on engines that have
+// none. In the side-by-side run at full size (BENCHMARKS.md, "Portable
+// purge") it purged within 5% of ctid's rows/s with a lower writer p99 and
+// the same WAL per row; PurgeByKey's batch took 4.7x ctid's.
+const DefaultPurgeShape = PurgeByRange
 
 // Known reports whether s is one of the shapes above.
 func (s PurgeShape) Known() bool {
