@@ -171,7 +171,7 @@ func (h *Handler) release(ctx context.Context, w where, user string, op Operator
 		return nil
 	}
 	h.reply(ctx, w, user, "Released "+alerts.InlineCode(key, 400)+": the reconciler may probe and decide it again, and purge may remove it once expired.")
-	h.annotate(ctx, w, fmt.Sprintf("%s released %s at %s", name(op), alerts.InlineCode(key, 300), h.clock()))
+	h.annotate(ctx, w, fmt.Sprintf("%s released %s at %s", name(op), alerts.InlineCode(key, 300), h.clock()), "")
 	return nil
 }
 

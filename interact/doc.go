@@ -24,7 +24,10 @@
 // release, which has no reason, carries the note "released (by alice via
 // Slack)" in its audit row's error column, where a hold keeps its reason.
 // The alert message gains a context line per action, "alice marked `KEY`
-// retryable at 13:02 UTC".
+// retryable at 13:02 UTC"; once an action settles the key (Mark retryable,
+// Store outcome), the message keeps only its Inspect button, so nobody acts
+// on the key from a stale alert (a grouped message's menu stays, and a
+// click on it is told the key is settled).
 //
 // # The actions
 //

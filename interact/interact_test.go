@@ -344,6 +344,9 @@ func TestEachActionMatchesItsCLITwin(t *testing.T) {
 		slack   func(t *testing.T, r *rig, ts, key string)
 		cli     func(t *testing.T, r *rig, key string)
 		line    string
+		// settles: the action settles the key, so its buttons other than
+		// Inspect leave the alert.
+		settles bool
 	}{
 		{
 			name: "hold",
@@ -390,7 +393,8 @@ func TestEachActionMatchesItsCLITwin(t *testing.T) {
 					t.Fatal(err)
 				}
 			},
-			line: "alice marked `%s` retryable at 13:02 UTC",
+			line:    "alice marked `%s` retryable at 13:02 UTC",
+			settles: true,
 		},
 		{
 			name: "store outcome",
@@ -414,7 +418,8 @@ func TestEachActionMatchesItsCLITwin(t *testing.T) {
 					t.Fatal(err)
 				}
 			},
-			line: "alice stored the outcome of `%s` (HTTP 201) at 13:02 UTC",
+			line:    "alice stored the outcome of `%s` (HTTP 201) at 13:02 UTC",
+			settles: true,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -454,6 +459,11 @@ func TestEachActionMatchesItsCLITwin(t *testing.T) {
 			}
 			if !strings.Contains(string(m.Blocks), alerts.ActionIDInspect) {
 				t.Errorf("alert message lost its blocks: %s", m.Blocks)
+			}
+			for _, id := range []string{alerts.ActionIDHold, alerts.ActionIDRelease, alerts.ActionIDRetryable, alerts.ActionIDStoreOutcome} {
+				if got := strings.Contains(string(m.Blocks), `"`+id+`"`); got == tc.settles {
+					t.Errorf("alert message has the %s button: %v, want %v (a settled key keeps Inspect only): %s", id, got, !tc.settles, m.Blocks)
+				}
 			}
 			if reply := r.lastReply(t); strings.Contains(reply, "Refused") || strings.Contains(reply, "That failed") {
 				t.Errorf("answer = %s", reply)

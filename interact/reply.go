@@ -107,8 +107,11 @@ const maxContextElements = 10
 // its blocks: chat.update of the message at w.Channel and w.TS, else its
 // response_url with replace_original (a webhook's message). The blocks
 // are the click's, or read back (conversations.history) after a form. A
-// failure is logged: the action stands.
-func (h *Handler) annotate(ctx context.Context, w where, line string) {
+// failure is logged: the action stands. settled names a key the action
+// settled (completed or failed_retryable): its buttons other than Inspect
+// leave the message, so nobody acts on it from a stale alert ("" for a
+// hold or a release, which settle nothing).
+func (h *Handler) annotate(ctx context.Context, w where, line, settled string) {
 	if w.Channel == "" || w.TS == "" {
 		return
 	}
@@ -123,6 +126,9 @@ func (h *Handler) annotate(ctx context.Context, w where, line string) {
 			return
 		}
 		blocks, text = hist.Messages[0].Blocks.BlockSet, hist.Messages[0].Text
+	}
+	if settled != "" {
+		blocks = withoutControls(blocks, settled)
 	}
 	blocks, ok := withLine(blocks, line)
 	if !ok {
@@ -139,6 +145,32 @@ func (h *Handler) annotate(ctx context.Context, w where, line string) {
 	if err != nil {
 		h.log.Warn("slack alert message not updated", "channel", w.Channel, "ts", w.TS, "err", h.red.Error(err))
 	}
+}
+
+// withoutControls returns blocks without the buttons acting on key, Inspect
+// excepted, and without an actions block left empty. A grouped message's
+// overflow menu stays: a click on it is told the key is settled.
+func withoutControls(blocks []slack.Block, key string) []slack.Block {
+	out := make([]slack.Block, 0, len(blocks))
+	for _, b := range blocks {
+		ab, ok := b.(*slack.ActionBlock)
+		if !ok || ab.Elements == nil {
+			out = append(out, b)
+			continue
+		}
+		kept := make([]slack.BlockElement, 0, len(ab.Elements.ElementSet))
+		for _, el := range ab.Elements.ElementSet {
+			if btn, ok := el.(*slack.ButtonBlockElement); ok && btn.Value == key && btn.ActionID != alerts.ActionIDInspect {
+				continue
+			}
+			kept = append(kept, el)
+		}
+		if len(kept) == 0 {
+			continue
+		}
+		out = append(out, slack.NewActionBlock(ab.BlockID, kept...))
+	}
+	return out
 }
 
 // withLine returns blocks with line added to the log block (made at the

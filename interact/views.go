@@ -188,7 +188,7 @@ func (h *Handler) hold(ctx context.Context, m meta, user string, op Operator, re
 		return nil
 	}
 	h.reply(ctx, m.where, user, alerts.InlineCode(m.Key, 400)+" is on hold: the reconciler neither probes nor decides it, purge keeps it and resolve refuses it, until someone releases it.")
-	h.annotate(ctx, m.where, fmt.Sprintf("%s put %s on hold at %s: %s", name(op), alerts.InlineCode(m.Key, 300), h.clock(), alerts.EscapeMrkdwn(oneLine(reason, 200))))
+	h.annotate(ctx, m.where, fmt.Sprintf("%s put %s on hold at %s: %s", name(op), alerts.InlineCode(m.Key, 300), h.clock(), alerts.EscapeMrkdwn(oneLine(reason, 200))), "")
 	return nil
 }
 
@@ -200,7 +200,7 @@ func (h *Handler) resolve(ctx context.Context, m meta, user string, op Operator,
 	}
 	h.reply(ctx, m.where, user, explainResolve(err, req))
 	if err == nil {
-		h.annotate(ctx, m.where, fmt.Sprintf("%s %s at %s", name(op), did, h.clock()))
+		h.annotate(ctx, m.where, fmt.Sprintf("%s %s at %s", name(op), did, h.clock()), m.Key)
 	}
 	return nil
 }
