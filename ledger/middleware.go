@@ -176,9 +176,11 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 			return
 		}
 		hash := hashCanonical(canon) // canon is canonical: Fingerprint would redo it
-		res, err := Claim(r.Context(), cfg.DB, ClaimParams{
+		// The slim claim: the middleware reads the outcome, the hash, the
+		// stored response and claimed_at, never the rest of the row.
+		res, err := claimAs(r.Context(), cfg.DB, ClaimParams{
 			Key: key, Tool: cfg.Tool, RequestHash: hash, RequestBody: canon, TTL: cfg.TTL,
-		})
+		}, claimSlim)
 		if err != nil {
 			cfg.Logger.Error("claim idempotency key", "tool", cfg.Tool, "err", err)
 			problem(w, http.StatusServiceUnavailable, ProblemLedgerUnavailable, "Idempotency ledger unavailable",

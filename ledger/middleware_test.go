@@ -423,3 +423,41 @@ func TestMiddlewareHeartbeatOutlivesClient(t *testing.T) {
 		t.Fatalf("effects = %d, want 1", n)
 	}
 }
+
+// A retry of a key marked failed_retryable (the effect known not to have
+// happened) re-claims it, runs the tool, and stores the outcome under the
+// new claim: the compare-and-set of Complete holds the re-claim's
+// claimed_at, not the row's first one, so the outcome is not lost and the
+// key does not stay processing.
+func TestMiddlewareCompletesAReclaimedKey(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{}, ledger.MiddlewareConfig{})
+	ctx := context.Background()
+	hash, err := ledger.Fingerprint([]byte(mwBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := ledger.Claim(ctx, b.db.Pool, ledger.ClaimParams{Key: "k", Tool: "create_ticket", RequestHash: hash})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first claim is older than the retry's: created_at stays, claimed_at moves.
+	b.db.Exec(t, `UPDATE idempotency_keys SET created_at = created_at - interval '1 minute', claimed_at = claimed_at - interval '1 minute' WHERE key = 'k'`)
+	if err := ledger.Abandon(ctx, b.db.Pool, "k", first.Row.ClaimedAt.Add(-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	got := b.mustCall(t, "k", mwBody)
+	if got.code != http.StatusCreated || got.env.IdempotentReplay {
+		t.Fatalf("retry of a failed_retryable key: %d %s, want the tool's 201", got.code, got.raw)
+	}
+	k, err := ledger.Get(ctx, b.db.Pool, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.Status != ledger.StatusCompleted || k.ResponseCode == nil || *k.ResponseCode != http.StatusCreated {
+		t.Fatalf("after the retry: status %s code %v, want completed 201 (the outcome stored under the re-claim)", k.Status, k.ResponseCode)
+	}
+	if n := b.tool.effectsOf("k"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}

@@ -64,6 +64,11 @@ type ClaimResult struct {
 // callers with the same key gets New; the others get InFlight, Replay or
 // FingerprintMismatch according to the row they find.
 func Claim(ctx context.Context, db DBTX, p ClaimParams) (ClaimResult, error) {
+	return claimAs(ctx, db, p, claimFull)
+}
+
+// claimAs is Claim reading back shape's columns.
+func claimAs(ctx context.Context, db DBTX, p ClaimParams, shape claimShape) (ClaimResult, error) {
 	if err := validKey(p.Key, p.Tool); err != nil {
 		return ClaimResult{}, err
 	}
@@ -77,41 +82,69 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) (ClaimResult, error) {
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
-	// One statement, so a replay (the common retry) costs one round trip:
-	// insert the key; else re-claim it when it failed_retryable with our
-	// hash (a retry of an attempt known not to have happened); else read
-	// the row as it stands. A re-claim's WHERE is re-evaluated on the
-	// latest row version, so of two concurrent retries only one wins.
-	// All three parts share the statement's snapshot (READ COMMITTED): a
-	// row another claim committed after it was taken is neither
-	// re-claimed nor read, and no row comes back. Then we go round again
-	// with a fresh snapshot, which sees the row that won (or, if it was
-	// purged meanwhile, none, and the insert wins).
-	const claim = `WITH ins AS (
+	return claim(ctx, db, p, ttl, shape)
+}
+
+// claimShape is what a claim reads back: the whole row (Claim), or only
+// what the middleware uses (claimSlim: no request body echoed back, no
+// timestamps it never reads; the Row's other fields stay zero), which
+// saves scanning seven columns per call.
+type claimShape struct {
+	sql  string
+	scan func(k *Key) []any
+}
+
+var (
+	claimFull = newClaimShape(keyColumns, func(k *Key) []any {
+		return []any{&k.Key, &k.Tool, &k.RequestHash, &k.RequestBody, &k.Status, &k.ResponseCode,
+			&k.ResponseBody, &k.CreatedAt, &k.ClaimedAt, &k.UpdatedAt, &k.ExpiresAt, &k.HeartbeatAt}
+	})
+	claimSlim = newClaimShape(`request_hash, status, response_code, response_body, claimed_at`, func(k *Key) []any {
+		return []any{&k.RequestHash, &k.Status, &k.ResponseCode, &k.ResponseBody, &k.ClaimedAt}
+	})
+)
+
+// newClaimShape builds the one claim statement, reading back cols.
+//
+// One statement, so a replay (the common retry) costs one round trip:
+// insert the key; else re-claim it when it failed_retryable with our
+// hash (a retry of an attempt known not to have happened); else read
+// the row as it stands. A re-claim's WHERE is re-evaluated on the
+// latest row version, so of two concurrent retries only one wins.
+// All three parts share the statement's snapshot (READ COMMITTED): a
+// row another claim committed after it was taken is neither
+// re-claimed nor read, and no row comes back. Then we go round again
+// with a fresh snapshot, which sees the row that won (or, if it was
+// purged meanwhile, none, and the insert wins).
+func newClaimShape(cols string, scan func(k *Key) []any) claimShape {
+	return claimShape{scan: scan, sql: `WITH ins AS (
 		INSERT INTO idempotency_keys (key, tool, request_hash, request_body, expires_at)
 		VALUES ($1, $2, $3, $4, now() + $5::interval)
 		ON CONFLICT (key) DO NOTHING
-		RETURNING ` + keyColumns + `
+		RETURNING ` + cols + `
 	), re AS (
 		UPDATE idempotency_keys
 		SET status = 'processing', claimed_at = now(), updated_at = now(), heartbeat_at = NULL,
 		    response_code = NULL, response_body = NULL,
 		    expires_at = greatest(expires_at, now() + $5::interval)
 		WHERE key = $1 AND status = 'failed_retryable' AND request_hash = $3
-		RETURNING ` + keyColumns + `
+		RETURNING ` + cols + `
 	)
-	SELECT true, ` + keyColumns + ` FROM ins
+	SELECT true, ` + cols + ` FROM ins
 	UNION ALL
-	SELECT true, ` + keyColumns + ` FROM re
+	SELECT true, ` + cols + ` FROM re
 	UNION ALL
-	SELECT false, ` + keyColumns + ` FROM idempotency_keys
-	WHERE key = $1 AND NOT EXISTS (SELECT FROM ins) AND NOT EXISTS (SELECT FROM re)`
+	SELECT false, ` + cols + ` FROM idempotency_keys
+	WHERE key = $1 AND NOT EXISTS (SELECT FROM ins) AND NOT EXISTS (SELECT FROM re)`}
+}
+
+// claim runs the claim statement of shape; p is valid, ttl > 0.
+func claim(ctx context.Context, db DBTX, p ClaimParams, ttl time.Duration, shape claimShape) (ClaimResult, error) {
 	for range 5 {
 		var claimed bool
 		var k Key
-		err := db.QueryRow(ctx, claim, p.Key, p.Tool, p.RequestHash, nullJSON(p.RequestBody), ttl).Scan(&claimed,
-			&k.Key, &k.Tool, &k.RequestHash, &k.RequestBody, &k.Status, &k.ResponseCode,
-			&k.ResponseBody, &k.CreatedAt, &k.ClaimedAt, &k.UpdatedAt, &k.ExpiresAt, &k.HeartbeatAt)
+		err := db.QueryRow(ctx, shape.sql, p.Key, p.Tool, p.RequestHash, nullJSON(p.RequestBody), ttl).Scan(
+			append([]any{&claimed}, shape.scan(&k)...)...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // changed after our snapshot: look again
 		}
