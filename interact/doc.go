@@ -51,7 +51,13 @@
 // A settled key (completed, or failed_retryable for Mark retryable) is
 // told at the click, with no form; the submission is judged again by the
 // operator package, so a key the reconciler or the original attempt
-// settled while the form was open is refused there, nothing written. Two
+// settled while the form was open is refused there, nothing written. A
+// form judges the attempt it was opened on: it shows that attempt's
+// claimed_at and carries it to operator.Resolve (ResolveRequest.ClaimedAt),
+// so a key a retry re-claimed while the form was open is refused ("claimed
+// again since it was judged"): what the operator checked downstream was
+// the earlier attempt, and marking the new one retryable could redo an
+// effect it had. Two
 // operators acting on one key at once: the row lock and compare-and-set of
 // the operator package let one win; the other is told why nothing
 // happened. The answer (ephemeral, through the interaction's response_url,

@@ -53,3 +53,65 @@ func TestKeyDecidedByTheReconcilerAfterTheAlertIsRefused(t *testing.T) {
 		t.Errorf("after the refused action: status %s code %v body %s, want the reconciler's outcome", k.Status, k.ResponseCode, k.ResponseBody)
 	}
 }
+
+// A form judges the attempt it was opened on. The key goes
+// failed_retryable and a retry re-claims it while the form is open, then
+// that attempt gets stuck too: the submission is refused and writes
+// nothing, because the operator's check downstream was about the earlier
+// attempt, and marking the new one retryable could redo an effect it had.
+func TestReclaimedWhileTheFormIsOpenIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		control string
+		submit  func(t *testing.T, r *rig, view any)
+	}{
+		{"mark retryable", alerts.ActionIDRetryable, func(t *testing.T, r *rig, view any) {
+			r.submit(t, hAlice, view, vals(inReason, "checked downstream: never happened"))
+		}},
+		{"store outcome", alerts.ActionIDStoreOutcome, func(t *testing.T, r *rig, view any) {
+			ack := r.submit(t, hAlice, view, vals(inCode, "201", inBody, `{"id":"T-1"}`, inReason, "checked downstream: it happened"))
+			if ack["response_action"] != "push" {
+				t.Fatalf("outcome ack = %v, want the confirmation", ack)
+			}
+			r.submit(t, hAlice, ack["view"], nil)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t)
+			const key = "wf-10:step-1"
+			r.putKey(t, key, ledger.StatusProcessing, time.Hour)
+			ts := r.alert(t, key)
+			r.click(t, hAlice, ts, r.control(t, ts, tc.control, key))
+			v := r.lastView(t)
+			if !strings.Contains(string(v.Raw), "attempt claimed at") {
+				t.Errorf("the form does not name the attempt it judges: %s", v.Raw)
+			}
+			view := slacktest.OpenedView(v)
+
+			// Meanwhile: the attempt is abandoned, a retry re-claims the key
+			// (same request) and gets stuck past its window as well.
+			first := r.key(t, key)
+			if err := ledger.Abandon(bg, r.db.Pool, key, first.ClaimedAt); err != nil {
+				t.Fatal(err)
+			}
+			res, err := ledger.Claim(bg, r.db.Pool, ledger.ClaimParams{Key: key, Tool: hTool, RequestHash: first.RequestHash})
+			if err != nil || res.Outcome != ledger.New {
+				t.Fatalf("re-claim: %v %v", res.Outcome, err)
+			}
+			r.db.Exec(t, `UPDATE idempotency_keys SET claimed_at = now() - interval '2 hours' WHERE key = $1`, key)
+			before, audit := r.state(t, key), r.db.Count(t, "reconcile_audit WHERE key = $1", key)
+
+			tc.submit(t, r, view)
+			if reply := r.lastReply(t); !strings.Contains(reply, "Refused") || !strings.Contains(reply, "claimed again") {
+				t.Errorf("submission answer = %s, want a refusal saying the key was claimed again", reply)
+			}
+			eq(t, "key state", r.state(t, key), before)
+			eq(t, "audit rows", r.db.Count(t, "reconcile_audit WHERE key = $1", key), audit)
+			if k := r.key(t, key); k.Status != ledger.StatusProcessing || k.ResponseCode != nil {
+				t.Errorf("after the refused submission: status %s code %v, want processing with no outcome", k.Status, k.ResponseCode)
+			}
+		})
+	}
+}

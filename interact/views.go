@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/slack-go/slack"
 
@@ -39,6 +40,10 @@ const maxMetadata = 3000
 // message (to update it) and how to answer; the outcome under review.
 type meta struct {
 	Key string `json:"k"`
+	// ClaimedAt is the claim the operator was shown when the form opened:
+	// a resolve applies to that attempt only (operator.ResolveRequest's
+	// ClaimedAt), never to one a retry made while the form was open.
+	ClaimedAt *time.Time `json:"ca,omitempty"`
 	where
 	Code   int             `json:"code,omitempty"`
 	Body   json.RawMessage `json:"body,omitempty"`
@@ -91,17 +96,26 @@ func holdModal(key string, w where) slack.ModalViewRequest {
 }
 
 func retryableModal(k ledger.Key, w where) slack.ModalViewRequest {
-	return modal(viewRetryable, "Mark retryable", "Mark retryable", meta{Key: k.Key, where: w},
+	return modal(viewRetryable, "Mark retryable", "Mark retryable", meta{Key: k.Key, ClaimedAt: &k.ClaimedAt, where: w},
 		mrkdwn("The next retry of "+alerts.InlineCode(k.Key, 400)+" will run "+alerts.InlineCode(k.Tool, 200)+" again. Mark it retryable only if you checked that the effect never happened downstream."),
+		attemptLine(k),
 		reasonInput("checked downstream: never happened"))
 }
 
 func outcomeModal(k ledger.Key, w where) slack.ModalViewRequest {
-	return modal(viewOutcome, "Store outcome", "Review", meta{Key: k.Key, where: w},
+	return modal(viewOutcome, "Store outcome", "Review", meta{Key: k.Key, ClaimedAt: &k.ClaimedAt, where: w},
 		mrkdwn("Store the outcome of "+alerts.InlineCode(k.Key, 400)+": every retry will receive this response instead of running "+alerts.InlineCode(k.Tool, 200)+" again. Give the status code and body the tool returned for the effect that happened downstream."),
+		attemptLine(k),
 		input(inCode, "HTTP status code", "201", false, 3),
 		input(inBody, "Response body (JSON)", `{"id": "T-1"}`, true, 2500),
 		reasonInput("checked downstream: it happened"))
+}
+
+// attemptLine names the attempt the form judges: a retry that re-claims
+// the key while the form is open makes the submission refused.
+func attemptLine(k ledger.Key) *slack.SectionBlock {
+	return mrkdwn("This applies to the attempt claimed at " + k.ClaimedAt.UTC().Format("2006-01-02 15:04:05 UTC") +
+		" (status " + alerts.InlineCode(k.Status, 40) + "). If a retry claims the key again before you submit, nothing is written.")
 }
 
 // reviewModal is the confirmation of an outcome: what every retry will
@@ -166,12 +180,13 @@ func (h *Handler) viewSubmission(ctx context.Context, cb slack.InteractionCallba
 	case viewHold:
 		return nil, h.hold(ctx, m, user, op, reason)
 	case viewRetryable:
-		req := operator.ResolveRequest{Key: m.Key, Mark: operator.MarkRetryable, Reason: reason + " " + byline(op), Actor: actor(user), Windows: h.cfg.Windows}
+		req := operator.ResolveRequest{Key: m.Key, Mark: operator.MarkRetryable, Reason: reason + " " + byline(op), Actor: actor(user),
+			Windows: h.cfg.Windows, ClaimedAt: m.ClaimedAt}
 		return nil, h.resolve(ctx, m, user, op, req, "marked "+alerts.InlineCode(m.Key, 300)+" retryable")
 	}
 	// The reviewed outcome, as the review showed it.
 	req := operator.ResolveRequest{Key: m.Key, Mark: operator.MarkCompleted, Code: m.Code, Body: m.Body,
-		Reason: m.Reason + " " + byline(op), Actor: actor(user), Windows: h.cfg.Windows}
+		Reason: m.Reason + " " + byline(op), Actor: actor(user), Windows: h.cfg.Windows, ClaimedAt: m.ClaimedAt}
 	err = h.resolve(ctx, m, user, op, req, fmt.Sprintf("stored the outcome of %s (HTTP %d)", alerts.InlineCode(m.Key, 300), m.Code))
 	// Close the form and its review.
 	return slack.NewClearViewSubmissionResponse(), err

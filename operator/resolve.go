@@ -47,7 +47,18 @@ type ResolveRequest struct {
 	// Windows judges "in flight"; nil when the serve configuration is not
 	// loaded: refused unless Force.
 	Windows Windows
+	// ClaimedAt, when set, is the claim the operator judged (read when
+	// they looked at the key): the decision applies to that attempt only.
+	// A key claimed again since (it went failed_retryable and a retry
+	// re-claimed it) is refused, RefusedChanged, so a judgement of one
+	// attempt never settles another, whose effect may have happened. Nil:
+	// the key's claim as Resolve reads it (the CLI reads and acts at once).
+	ClaimedAt *time.Time
 }
+
+// ActionReclaimed is RefusedError.Action when the key was claimed again
+// since the operator judged it (ResolveRequest.ClaimedAt).
+const ActionReclaimed = "claimed again since it was judged"
 
 // Validate checks the request in itself, before any database is reached.
 // The errors match ErrInvalid; they come in a fixed order (mark, reason,
@@ -115,6 +126,9 @@ func Resolve(ctx context.Context, db store.Beginner, req ResolveRequest) (Resolv
 		}
 		if err != nil {
 			return err
+		}
+		if req.ClaimedAt != nil && !k.ClaimedAt.Equal(*req.ClaimedAt) {
+			return &RefusedError{Why: RefusedChanged, Key: req.Key, Tool: k.Tool, Status: k.Status, Action: ActionReclaimed}
 		}
 		switch {
 		case k.Status == ledger.StatusProcessing:
