@@ -22,10 +22,7 @@ func TestKeyDecidedByTheReconcilerAfterTheAlertIsRefused(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	const key = "wf-9:step-1"
-	r.putKey(t, key, ledger.StatusProcessing, time.Hour)
-	ts := r.alert(t, key)
-	r.click(t, hAlice, ts, r.control(t, ts, alerts.ActionIDRetryable, key))
-	view := slacktest.OpenedView(r.lastView(t))
+	view := slacktest.OpenedView(r.openForm(t, key, alerts.ActionIDRetryable))
 
 	found := probes.ProbeFunc(func(_ context.Context, _ probes.Key) probes.Result {
 		return probes.Result{Verdict: probes.Found, Outcome: &probes.Outcome{Code: 201, Body: json.RawMessage(`{"ticket":"T-77"}`)},
@@ -81,10 +78,7 @@ func TestReclaimedWhileTheFormIsOpenIsRefused(t *testing.T) {
 			t.Parallel()
 			r := newRig(t)
 			const key = "wf-10:step-1"
-			r.putKey(t, key, ledger.StatusProcessing, time.Hour)
-			ts := r.alert(t, key)
-			r.click(t, hAlice, ts, r.control(t, ts, tc.control, key))
-			v := r.lastView(t)
+			v := r.openForm(t, key, tc.control)
 			if !strings.Contains(string(v.Raw), "attempt claimed at") {
 				t.Errorf("the form does not name the attempt it judges: %s", v.Raw)
 			}
@@ -114,4 +108,14 @@ func TestReclaimedWhileTheFormIsOpenIsRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openForm puts key stuck in processing for an hour, alerts on it, and
+// has alice click control on the alert: the form it opens.
+func (r *rig) openForm(t *testing.T, key, control string) slacktest.Call {
+	t.Helper()
+	r.putKey(t, key, ledger.StatusProcessing, time.Hour)
+	ts := r.alert(t, key)
+	r.click(t, hAlice, ts, r.control(t, ts, control, key))
+	return r.lastView(t)
 }
