@@ -113,12 +113,8 @@ func runBigLedger(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	defer os.RemoveAll(work)
 	if *bin == "" {
-		*bin = filepath.Join(work, "ledgerkeeper")
-		logf("building %s", *bin)
-		build := exec.CommandContext(ctx, "go", "build", "-o", *bin, "./cmd/ledgerkeeper")
-		build.Stdout, build.Stderr = stderr, stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("go build ./cmd/ledgerkeeper (run lkbench bigledger from the repository root, or pass --bin): %w", err)
+		if *bin, err = buildLedgerkeeper(ctx, work, "bigledger", logf, stderr); err != nil {
+			return err
 		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -6,6 +6,8 @@ import (
 	"io"
 	"math"
 	neturl "net/url"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -290,4 +292,17 @@ func (l *openLoop) timeline(from, to time.Time) []second {
 		out = append(out, second{T: int(t.Sub(from) / time.Second), N: w.N, P50ms: w.P50ms, MaxMs: w.MaxMs})
 	}
 	return out
+}
+
+// buildLedgerkeeper builds the ledgerkeeper binary into dir for the
+// subcommand sub (which runs the real serve), from the repository root.
+func buildLedgerkeeper(ctx context.Context, dir, sub string, logf func(string, ...any), stderr io.Writer) (string, error) {
+	bin := filepath.Join(dir, "ledgerkeeper")
+	logf("building %s", bin)
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/ledgerkeeper")
+	build.Stdout, build.Stderr = stderr, stderr
+	if err := build.Run(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/ledgerkeeper (run lkbench %s from the repository root, or pass --bin): %w", sub, err)
+	}
+	return bin, nil
 }

@@ -115,12 +115,8 @@ func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer os.RemoveAll(work)
 	if *bin == "" {
-		*bin = filepath.Join(work, "ledgerkeeper")
-		logf("building %s", *bin)
-		build := exec.CommandContext(ctx, "go", "build", "-o", *bin, "./cmd/ledgerkeeper")
-		build.Stdout, build.Stderr = stderr, stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("go build ./cmd/ledgerkeeper (run lkbench rss from the repository root, or pass --bin): %w", err)
+		if *bin, err = buildLedgerkeeper(ctx, work, "rss", logf, stderr); err != nil {
+			return err
 		}
 	}
 
