@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -173,7 +174,7 @@ func (s *Server) Calls(methods ...string) []Call {
 	defer s.mu.Unlock()
 	var out []Call
 	for _, c := range s.calls {
-		if len(methods) == 0 || contains(methods, c.Method) {
+		if len(methods) == 0 || slices.Contains(methods, c.Method) {
 			out = append(out, c)
 		}
 	}
@@ -184,32 +185,7 @@ func (s *Server) Calls(methods ...string) []Call {
 // (failing the test when they do not come).
 func (s *Server) WaitCalls(t testing.TB, method string, n int, timeout time.Duration) []Call {
 	t.Helper()
-	waitCount(t, method+" call(s)", n, timeout, func() int { return len(s.Calls(method)) })
-	return s.Calls(method)
-}
-
-// waitCount polls count until it reaches n, failing the test after
-// timeout with what was counted.
-func waitCount(t testing.TB, what string, n int, timeout time.Duration, count func() int) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for count() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("slacktest: %d %s after %s, want %d", count(), what, timeout, n)
-		}
-		<-tick.C
-	}
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
+	return waitFor(t, timeout, func() []Call { return s.Calls(method) }, n, method+" call(s)")
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {

@@ -2,6 +2,7 @@ package slacktest
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/slack-go/slack"
 )
 
@@ -221,21 +223,11 @@ func (m *SocketMode) WaitConns(t testing.TB, n int, timeout time.Duration) []int
 }
 
 // waitFor polls get until it returns at least n items, or fails the test
-// after timeout saying how many of what it saw.
+// after timeout (internal/testwait.Eventually).
 func waitFor[T any](t testing.TB, timeout time.Duration, get func() []T, n int, what string) []T {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if got := get(); len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slacktest: %d %s after %s, want %d", len(get()), what, timeout, n)
-		}
-		<-tick.C // polling interval, not synchronisation
-	}
+	testwait.Eventually(t, func() bool { return len(get()) >= n }, timeout, fmt.Sprintf("%d %s", n, what))
+	return get()
 }
 
 // Deliver sends an interactive envelope with envelopeID and payload cb on
@@ -279,7 +271,7 @@ func (m *SocketMode) Acks(envelopeIDs ...string) []Ack {
 	defer m.mu.Unlock()
 	var out []Ack
 	for _, a := range m.acks {
-		if len(envelopeIDs) == 0 || contains(envelopeIDs, a.EnvelopeID) {
+		if len(envelopeIDs) == 0 || slices.Contains(envelopeIDs, a.EnvelopeID) {
 			out = append(out, a)
 		}
 	}
