@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"cmp"
+	"encoding/json"
 	"log/slog"
 	"maps"
 	"slices"
@@ -72,6 +73,24 @@ type Policy struct {
 	// RateLimit bounds this process's probes of the tool (self-checks and
 	// half-open trials included). Zero: no limit.
 	RateLimit RateLimit
+	// Canaries are effects known to exist downstream, declared in the
+	// configuration (tools.T.probe.self_check.canaries): present-side
+	// witnesses for a tool with no key recently completed by its tool
+	// server. Operators add more with `ledgerkeeper probe canary add`.
+	Canaries []Canary
+	// WitnessNotRequired (tools.T.probe.self_check.require_witness: false)
+	// applies not_found verdicts even when no sample of the bracket's
+	// self-checks came back found. Dangerous: a probe that finds nothing
+	// (a typo'd path answering 404) is then believed.
+	WitnessNotRequired bool
+}
+
+// Canary is an effect known to exist downstream (a ticket kept for the
+// purpose): its key as the probe addresses it and the request body the
+// probe's templates read.
+type Canary struct {
+	Key     string
+	Request json.RawMessage
 }
 
 // Config configures an Engine. Zero values take the defaults above.
