@@ -43,11 +43,16 @@ const (
 	// the ledger's ground truth; none of the tool's keys changes state
 	// until it passes again. Tool-wide.
 	ReasonProbeUntrusted Reason = "probe_untrusted"
+	// ReasonProbeUnwitnessed: the tool's not_found verdicts are held
+	// because no present-side sample of its self-check came back found
+	// (no key completed recently, no canary): nothing shows the probe can
+	// find an effect. Tool-wide; resolved when a sample is found again.
+	ReasonProbeUnwitnessed Reason = "probe_unwitnessed"
 )
 
 // Reasons lists every reason, in the order messages present them.
 var Reasons = []Reason{
-	ReasonDuplicate, ReasonProbeUntrusted, ReasonDedupWindowPassed, ReasonExpiredProcessing,
+	ReasonDuplicate, ReasonProbeUntrusted, ReasonProbeUnwitnessed, ReasonDedupWindowPassed, ReasonExpiredProcessing,
 	ReasonDownstreamUnreachable, ReasonProbeFailing, ReasonNoProbe,
 }
 

@@ -47,6 +47,9 @@ var reasonInfos = map[Reason]reasonInfo{
 	ReasonProbeUntrusted: {"Probe untrusted",
 		"The tool's probe failed its self-check: keys the ledger knows were completed did not come back found, or a key never issued did not come back not_found. Its verdicts cannot be trusted, so none of the tool's keys changes state (they stay processing; retries get 409).",
 		"run the self-check under the tool and `ledgerkeeper probe run` on one of its keys; fix the probe's url, match or response_body (or the downstream's credentials), deploy, and the next pass checks again."},
+	ReasonProbeUnwitnessed: {"Probe unwitnessed",
+		"The tool's probe answers not_found, but no present-side sample of its self-check came back found (no key completed recently, no canary): nothing shows the probe can find an effect at all, so its not_found verdicts are held and those keys stay processing (retries get 409). found verdicts still apply.",
+		"check that the probe finds an effect you know exists (`ledgerkeeper probe run` on its key), then mark it as a canary with `ledgerkeeper probe canary add` (an effect kept downstream for the purpose); the next pass decides the held keys."},
 	ReasonProbeFailing: {"Probe failing",
 		"The probe keeps answering unknown (error, timeout, unreadable answer) for the key, so ledgerkeeper cannot tell whether the effect happened: the key stays processing.",
 		"inspect the key, fix the probe or the downstream, then re-probe with the command under the key, or decide with `ledgerkeeper resolve`."},
@@ -280,7 +283,7 @@ func (r renderer) itemText(kind Kind, it item, now time.Time) string {
 		if d.LastError != "" {
 			// A self-check's evidence is the answers it got, not one probe's error.
 			label := "Last probe error"
-			if it.reason == ReasonProbeUntrusted {
+			if it.reason == ReasonProbeUntrusted || it.reason == ReasonProbeUnwitnessed {
 				label = "Self-check answers"
 			}
 			b.WriteString("\n*" + label + ":* " + codeBlock(safetext.ClipRunes(d.LastError, maxErrorRunes), 1000))
@@ -327,7 +330,7 @@ func nextCommands(it item) string {
 		}
 	case ReasonProbeFailing:
 		lines = []string{commandLine("reconcile", "", "--key="+shellQuote(it.key))}
-	case ReasonDownstreamUnreachable, ReasonProbeUntrusted:
+	case ReasonDownstreamUnreachable, ReasonProbeUntrusted, ReasonProbeUnwitnessed:
 		if it.tool == "" {
 			return ""
 		}
@@ -335,7 +338,7 @@ func nextCommands(it item) string {
 	default:
 		return ""
 	}
-	if it.key == "" && it.reason != ReasonDownstreamUnreachable && it.reason != ReasonProbeUntrusted {
+	if it.key == "" && it.reason != ReasonDownstreamUnreachable && it.reason != ReasonProbeUntrusted && it.reason != ReasonProbeUnwitnessed {
 		return ""
 	}
 	text := strings.Join(lines, "\n")

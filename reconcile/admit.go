@@ -48,20 +48,12 @@ func (t *toolRun) admit(ctx context.Context, lp store.LeaseParams) (bool, error)
 		t.halfOpen = true
 		t.trialDone = make(chan struct{})
 	}
-	if !t.policy.SelfCheckDisabled {
-		r, err := t.ensureTrusted(ctx)
-		if err != nil {
-			return false, fmt.Errorf("self-check of tool %q: %w", t.tool, err)
-		}
-		t.mu.Lock()
-		t.check = &r
-		if !r.Trusted() {
-			t.untrusted = true
-			t.note = "probe not trusted, no key changed: self-check " + r.Summary
-		}
-		t.mu.Unlock()
-		if !r.Trusted() {
-			return false, nil
+	if t.bracketed {
+		// The check that opens the first batch: fresh, never a stored one.
+		// Its unanswered probes count for the breaker before any key of the
+		// tool is probed.
+		if on, err := t.openBatch(ctx, due[0].RequestBody); err != nil || !on {
+			return false, err
 		}
 	}
 	// The self-check's answers may have re-opened (or closed) the breaker.

@@ -52,6 +52,8 @@ type breakerChange struct {
 	until  time.Time
 	opens  int
 	count  int // consecutive failures after this transaction
+	// resolved counts the alerts it resolved (downstream_unreachable).
+	resolved int
 }
 
 // countVerdicts applies a transaction's verdicts to the tool's breaker,
@@ -69,10 +71,12 @@ func (e *Engine) countVerdicts(ctx context.Context, tx pgx.Tx, vc verdictCount) 
 		}
 		if closed {
 			ch.closed = true
-			if _, err := alerts.ResolveToolReason(ctx, tx, vc.tool, alerts.ReasonDownstreamUnreachable,
-				"probes answer again: circuit breaker closed"); err != nil {
+			n, err := alerts.ResolveToolReason(ctx, tx, vc.tool, alerts.ReasonDownstreamUnreachable,
+				"probes answer again: circuit breaker closed")
+			if err != nil {
 				return ch, err
 			}
+			ch.resolved = n
 		}
 	}
 	if vc.unknowns == 0 {

@@ -147,5 +147,5 @@ func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time
 	if t.policy.Probe != nil {
 		t.recordVerdict(res.Verdict != probes.Unknown)
 	}
-	p.decisions <- probed{t: t, l: l, res: res, leasedAt: leasedAt}
+	t.deliver(probed{t: t, l: l, res: res, leasedAt: leasedAt})
 }

@@ -63,8 +63,14 @@ type Report struct {
 	Skipped []KeyResult `json:"skipped,omitempty"`
 	// AlertsRaised counts alerts written to the outbox.
 	AlertsRaised int `json:"alerts_raised"`
-	// ResolvedAlerts counts alerts resolved because their key settled.
+	// ResolvedAlerts counts every alert the pass resolved: keys settled
+	// elsewhere (the sweep), keys it decided, breakers it closed, probes
+	// that passed their self-check again.
 	ResolvedAlerts int `json:"resolved_alerts"`
+	// Withheld counts keys probed whose verdict was not applied (their
+	// batch's closing self-check was not trusted, or a not_found had no
+	// present-side witness): given back untouched, due again.
+	Withheld int `json:"withheld"`
 }
 
 func (p *pass) add(r KeyResult) {
@@ -83,6 +89,32 @@ func (p *pass) add(r KeyResult) {
 	if p.e.metrics != nil {
 		p.e.metrics.observeDecision(r.Tool, r.Action)
 	}
+}
+
+// addWithheld lists a key whose verdict was withheld (bracket.go): counted
+// by action, not as a decision.
+func (p *pass) addWithheld(r KeyResult) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.report.Keys) < p.e.cfg.ReportKeys {
+		p.report.Keys = append(p.report.Keys, r)
+	} else {
+		p.report.KeysOmitted++
+	}
+	p.report.Withheld++
+	p.report.Actions[r.Action]++
+	if p.e.metrics != nil {
+		p.e.metrics.observeDecision(r.Tool, r.Action)
+	}
+}
+
+// countAlerts adds alerts raised and resolved outside a key's decision (a
+// self-check, a breaker) to the pass's counts.
+func (p *pass) countAlerts(raised, resolved int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.report.AlertsRaised += raised
+	p.report.ResolvedAlerts += resolved
 }
 
 // LogAttrs are the pass's counts as slog attributes, for the one Info line

@@ -249,19 +249,25 @@ type toolRun struct {
 	probed      int
 	note        string
 	openUntil   *time.Time
-	check       *CheckResult
+	lastCheck   *CheckResult
 	untrusted   bool
+
+	// bracketed: the tool's verdicts wait for a closing self-check
+	// (bracket.go); false when its probe's self-check is off.
+	bracketed bool
+	bk        batch
 
 	pace pace // keys in flight and given back to a pause (ratelimit.go)
 }
 
 func (p *pass) runTool(ctx context.Context, tool string) error {
 	policy := p.e.Policy(tool)
-	t := &toolRun{p: p, tool: tool, policy: policy, sem: make(chan struct{}, policy.Concurrency)}
+	t := &toolRun{p: p, tool: tool, policy: policy, sem: make(chan struct{}, policy.Concurrency),
+		bracketed: policy.Probe != nil && !policy.SelfCheckDisabled}
 	defer func() {
 		t.mu.Lock()
 		tr := ToolReport{Tool: tool, Probed: t.probed, BreakerOpen: t.open, OpenUntil: t.openUntil, Note: t.note,
-			SelfCheck: t.check, Untrusted: t.untrusted}
+			SelfCheck: t.lastCheck, Untrusted: t.untrusted}
 		t.mu.Unlock()
 		p.mu.Lock()
 		p.report.Tools = append(p.report.Tools, tr)
@@ -302,10 +308,16 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 			}
 		}()
 	}
-	var leaseErr error
+	var leaseErr, checkErr error
 	var after store.Leased // a dry run pages without leasing
 	waitTrial := t.halfOpen
 	for ctx.Err() == nil && !p.stopping() && !t.isOpen() {
+		if t.bracketed && t.bk.due() {
+			var goOn bool
+			if goOn, checkErr = t.closeBatch(ctx); !goOn {
+				break
+			}
+		}
 		if !t.awaitPause(ctx) {
 			break
 		}
@@ -367,6 +379,9 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 			})
 		}
 		t.pace.inFlight.Add(len(batch))
+		if t.bracketed {
+			t.bk.noteLeased(batch)
+		}
 		for _, l := range batch {
 			queue <- leasedKey{l, leasedAt}
 		}
@@ -377,14 +392,20 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 			case <-p.opts.Stop:
 			}
 			waitTrial = false
+			t.bk.closeNow = true // the trial's verdict waits for no other key
 		}
 	}
 	close(queue)
 	wg.Wait()
+	if t.bracketed && checkErr == nil {
+		// The last batch's closer: also within a graceful stop, so that the
+		// answers of the probes in flight are written.
+		_, checkErr = t.closeBatch(ctx)
+	}
 	if leaseErr != nil && ctx.Err() == nil {
 		return leaseErr
 	}
-	return nil
+	return checkErr
 }
 
 func (t *toolRun) isOpen() bool {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"reflect"
 	"slices"
@@ -47,8 +48,20 @@ type SampleCheck struct {
 	Expect  string `json:"expect"`
 	Verdict string `json:"verdict"`
 	Passed  bool   `json:"passed"`
+	// Source says where a present-side sample came from: "completed" (a
+	// key its tool server completed within self_check.max_age), "canary"
+	// (an effect declared or marked to exist downstream), "newest" (the
+	// tool's newest key completed by its tool server, at any age).
+	Source string `json:"source,omitempty"`
 	// Unreachable: the downstream did not answer (see probes.Unreachable).
 	Unreachable bool `json:"unreachable,omitempty"`
+	// NotRendered: the probe could not be built for this key (a request
+	// field the key lacks): the downstream was never asked.
+	NotRendered bool `json:"not_rendered,omitempty"`
+	// WitnessOnly: the sample can witness presence (found) but its absence
+	// is no failure: the newest completed key at any age may be gone
+	// downstream by the downstream's own retention.
+	WitnessOnly bool `json:"witness_only,omitempty"`
 	// Mismatched lists the response_body fields whose value the probe
 	// found differs from the stored outcome's.
 	Mismatched []string        `json:"mismatched_fields,omitempty"`
@@ -63,8 +76,10 @@ type CheckResult struct {
 	Outcome string `json:"outcome"`
 	// Summary says in one line what was checked and what came back.
 	Summary string `json:"summary"`
-	// PresentUnverified: the tool had no key completed by its tool server
-	// within self_check.max_age, so only the absent side was checked.
+	// PresentUnverified: no present-side sample came back found (the tool
+	// has no key completed by its tool server, no canary, or none was
+	// found): nothing witnessed that the probe can find an effect, so its
+	// not_found verdicts are held (unless require_witness is off).
 	PresentUnverified bool          `json:"present_unverified,omitempty"`
 	Samples           []SampleCheck `json:"samples"`
 	Absent            SampleCheck   `json:"absent"`
@@ -81,10 +96,21 @@ type CheckResult struct {
 	// stored nor counted by the circuit breaker; the next pass after the
 	// pause checks again.
 	Paused bool `json:"paused,omitempty"`
+	// SamplesNotSent counts present-side samples drawn but not probed:
+	// the made-up key's probe went unanswered, so the check could conclude
+	// nothing and sent no more requests to a downstream that may be down.
+	SamplesNotSent int `json:"samples_not_sent,omitempty"`
 }
 
 // Trusted reports whether the tool's verdicts may change the ledger.
 func (r CheckResult) Trusted() bool { return r.Outcome == CheckTrusted }
+
+// Witnessed reports whether at least one present-side sample came back
+// found: the probe was seen finding an effect, so its not_found means
+// something.
+func (r CheckResult) Witnessed() bool {
+	return slices.ContainsFunc(r.Samples, func(s SampleCheck) bool { return s.Passed })
+}
 
 // SelfCheck runs the self-check of tool's probe now and returns its result.
 // It writes nothing (for `ledgerkeeper probe check` and dry runs).
@@ -93,27 +119,90 @@ func (e *Engine) SelfCheck(ctx context.Context, tool string) (CheckResult, error
 	if pol.Probe == nil {
 		return CheckResult{}, fmt.Errorf("tool %q has no probe to check", tool)
 	}
-	return e.runCheck(ctx, tool, pol)
+	shape, err := store.PeekDue(ctx, e.pool, store.LeaseParams{Tool: tool, Limit: 1,
+		Window: pol.ProcessingWindow + e.cfg.Grace, HeartbeatTimeout: pol.HeartbeatTimeout}, store.Leased{})
+	if err != nil {
+		return CheckResult{}, err
+	}
+	var body json.RawMessage
+	if len(shape) > 0 {
+		body = shape[0].RequestBody
+	}
+	return e.runCheck(ctx, tool, pol, body)
 }
 
-// runCheck probes up to SelfCheckSamples keys of tool that its tool server
-// completed within SelfCheckMaxAge (each should come back found, with the
-// stored values) and one made-up key (it must come back not_found), and
-// judges the probe.
-func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy) (CheckResult, error) {
+// sample is one present-side sample of a self-check.
+type sample struct {
+	key    ledger.Key // ResponseBody: the stored outcome (nil for a canary)
+	source string
+}
+
+// Present-side sample sources, in the order they are drawn.
+const (
+	SourceCompleted = "completed"
+	SourceCanary    = "canary"
+	SourceNewest    = "newest"
+)
+
+// drawSamples picks up to SelfCheckSamples present-side samples of tool, in
+// order: keys its tool server completed within SelfCheckMaxAge; then
+// canaries (the configuration's, then the operators'); then the tool's
+// newest key completed by its tool server at any age still in the ledger.
+func (e *Engine) drawSamples(ctx context.Context, tool string, pol Policy) ([]sample, error) {
+	n := e.cfg.SelfCheckSamples
+	recent, err := store.SelfCheckSamples(ctx, e.pool, tool, e.cfg.SelfCheckMaxAge, n)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sample, 0, n)
+	seen := map[string]bool{}
+	for _, k := range recent {
+		out = append(out, sample{key: k, source: SourceCompleted})
+		seen[k.Key] = true
+	}
+	if len(out) < n {
+		canaries, err := e.canaries(ctx, tool, pol)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range canaries {
+			if len(out) == n {
+				break
+			}
+			if !seen[c.Key] {
+				out = append(out, sample{key: ledger.Key{Key: c.Key, Tool: tool, RequestBody: c.Request}, source: SourceCanary})
+				seen[c.Key] = true
+			}
+		}
+	}
+	if len(out) < n {
+		k, ok, err := e.newestGroundTruth(ctx, tool, slices.Collect(maps.Keys(seen)))
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, sample{key: k, source: SourceNewest})
+		}
+	}
+	return out, nil
+}
+
+// runCheck probes the absent side first (a made-up key shaped like shape,
+// or like a sample's request: it must come back not_found), then, if the
+// downstream answered it, the present-side samples (each should come back
+// found, with the stored values), and judges the probe. The absent side goes
+// first and alone so that a downstream that answers nothing costs one
+// request per check, counted by the breaker before any key is probed.
+func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy, shape json.RawMessage) (CheckResult, error) {
 	res := CheckResult{Tool: tool, Fingerprint: pol.ProbeFingerprint, Actor: e.cfg.Actor, CheckedAt: time.Now()}
-	samples, err := store.SelfCheckSamples(ctx, e.pool, tool, e.cfg.SelfCheckMaxAge, e.cfg.SelfCheckSamples)
+	samples, err := e.drawSamples(ctx, tool, pol)
 	if err != nil {
 		return res, err
 	}
-	var absentBody json.RawMessage
-	if len(samples) > 0 {
-		absentBody = madeUpRequest(samples[0].RequestBody)
-	}
+	absentBody := madeUpRequest(absentShape(samples, shape))
 	absent := probes.Key{Key: SelfCheckKeyPrefix + randomHex(12), Tool: tool, RequestBody: absentBody,
 		CreatedAt: time.Now(), ClaimedAt: time.Now()}
 
-	res.Samples = make([]SampleCheck, len(samples))
 	// Probes of the same downstream: the tool's rate limit and pause apply.
 	lim := e.limits[tool]
 	var paused atomic.Bool
@@ -134,18 +223,21 @@ func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy) (CheckRe
 		}
 		return r
 	}
-	var wg sync.WaitGroup
-	for i, s := range samples {
-		wg.Go(func() {
-			r := probe(probes.Key{Key: s.Key, Tool: s.Tool, RequestBody: s.RequestBody, CreatedAt: s.CreatedAt, ClaimedAt: s.ClaimedAt})
-			res.Samples[i] = e.judgePresent(s, r)
-		})
+	res.Absent = e.judgeAbsent(absent.Key, probe(absent))
+	if !res.Absent.Unreachable && !paused.Load() {
+		res.Samples = make([]SampleCheck, len(samples))
+		var wg sync.WaitGroup
+		for i, s := range samples {
+			wg.Go(func() {
+				k := s.key
+				r := probe(probes.Key{Key: k.Key, Tool: k.Tool, RequestBody: k.RequestBody, CreatedAt: k.CreatedAt, ClaimedAt: k.ClaimedAt})
+				res.Samples[i] = e.judgePresent(s, r)
+			})
+		}
+		wg.Wait()
+	} else {
+		res.SamplesNotSent = len(samples)
 	}
-	wg.Go(func() {
-		r := probe(absent)
-		res.Absent = e.judgeAbsent(absent.Key, r)
-	})
-	wg.Wait()
 	if err := context.Cause(ctx); err != nil {
 		return res, fmt.Errorf("self-check of tool %q interrupted: %w", tool, err)
 	}
@@ -157,17 +249,31 @@ func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy) (CheckRe
 	return res, nil
 }
 
+// absentShape is the request body the made-up key's is modelled on: a
+// sample's (a real request of the tool), else the due key's.
+func absentShape(samples []sample, due json.RawMessage) json.RawMessage {
+	for _, s := range samples {
+		if len(s.key.RequestBody) > 0 {
+			return s.key.RequestBody
+		}
+	}
+	return due
+}
+
 func (e *Engine) sampleCheck(key, expect string, r probes.Result) SampleCheck {
 	sc := SampleCheck{Key: key, Expect: expect, Verdict: string(r.Verdict), Evidence: e.cfg.Redactor.JSON(r.Evidence)}
 	if r.Err != nil {
 		sc.Error = safetext.Clip(e.cfg.Redactor.String(r.Err.Error()), 500)
 	}
-	sc.Unreachable = probes.Unreachable(r)
+	sc.NotRendered = notRendered(r)
+	sc.Unreachable = !sc.NotRendered && probes.Unreachable(r)
 	return sc
 }
 
-func (e *Engine) judgePresent(k ledger.Key, r probes.Result) SampleCheck {
+func (e *Engine) judgePresent(s sample, r probes.Result) SampleCheck {
+	k := s.key
 	sc := e.sampleCheck(k.Key, string(probes.Found), r)
+	sc.Source, sc.WitnessOnly = s.source, s.source == SourceNewest
 	if r.Verdict != probes.Found {
 		return sc
 	}
@@ -182,31 +288,40 @@ func (e *Engine) judgeAbsent(key string, r probes.Result) SampleCheck {
 	return sc
 }
 
-// judge sets the outcome: untrusted when the absent side failed, or when
-// the present side failed on most samples (on all of them when fewer than
-// three were drawn); inconclusive when the downstream did not answer the
-// absent side, or answered no sample; trusted otherwise, with the failed
-// samples counted as disagreements.
+// judge sets the outcome:
+//
+//	untrusted     the absent side answered anything but not_found, or the
+//	              present side failed on most samples (on all of them
+//	              when fewer than three were drawn)
+//	inconclusive  the absent side was not answered or could not be
+//	              rendered, or samples were drawn and none was answered
+//	trusted       otherwise; failed samples are disagreements
+//
+// A sample that was not answered or not rendered is neither failed nor
+// passed; a witness-only sample (an old key, maybe gone downstream) counts
+// only when it came back found.
 func judge(r *CheckResult) {
-	n := len(r.Samples)
-	var failed, passed, unreachable int
+	var failed, passed, unanswered int
 	for _, s := range r.Samples {
 		switch {
 		case s.Passed:
 			passed++
-		case s.Unreachable:
-			unreachable++
+		case s.Unreachable || s.NotRendered:
+			unanswered++
+		case s.WitnessOnly:
 		default:
 			failed++
 		}
 	}
-	r.PresentUnverified = n == 0
+	n := passed + failed + unanswered
+	r.PresentUnverified = passed == 0
 	mostFailed := n > 0 && ((n >= 3 && 2*failed > n) || (n < 3 && failed == n))
-	absentFailed := !r.Absent.Passed && !r.Absent.Unreachable
+	absentUnanswered := r.Absent.Unreachable || r.Absent.NotRendered
+	absentFailed := !r.Absent.Passed && !absentUnanswered
 	switch {
 	case absentFailed || mostFailed:
 		r.Outcome = CheckUntrusted
-	case r.Absent.Unreachable || (n > 0 && passed == 0):
+	case absentUnanswered || (n > 0 && passed == 0 && failed == 0):
 		r.Outcome = CheckInconclusive
 	default:
 		r.Outcome = CheckTrusted
@@ -214,15 +329,24 @@ func judge(r *CheckResult) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: the made-up key came back %s", r.Outcome, r.Absent.Verdict)
-	if !r.Absent.Passed {
+	switch {
+	case r.Absent.NotRendered:
+		b.WriteString(" (the probe could not be rendered for it: " + r.Absent.Error + ")")
+	case !r.Absent.Passed:
 		b.WriteString(" (want not_found)")
 	}
-	if n == 0 {
-		b.WriteString("; present side unverified (no key completed by its tool server within self_check.max_age)")
-	} else {
-		fmt.Fprintf(&b, "; %d of %d completed keys came back found with their stored values", passed, n)
-		if unreachable > 0 {
-			fmt.Fprintf(&b, " (%d unanswered)", unreachable)
+	switch {
+	case r.SamplesNotSent > 0:
+		fmt.Fprintf(&b, "; %d present-side samples not sent (the made-up key's probe was not answered)", r.SamplesNotSent)
+	case len(r.Samples) == 0:
+		b.WriteString("; present side unverified (no key completed by its tool server, no canary): add a canary with `ledgerkeeper probe canary add`")
+	default:
+		fmt.Fprintf(&b, "; %d of %d present-side samples came back found with their stored values", passed, len(r.Samples))
+		if unanswered > 0 {
+			fmt.Fprintf(&b, " (%d unanswered)", unanswered)
+		}
+		if passed == 0 {
+			b.WriteString("; present side unverified")
 		}
 	}
 	r.Summary = b.String()

@@ -3,8 +3,8 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,18 +15,6 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
 
-// storedCheck reads the latest check of tool.
-func storedCheck(ctx context.Context, db ledger.DBTX, tool string) (CheckResult, time.Time, bool, error) {
-	rec, err := store.GetSelfCheck(ctx, db, tool)
-	if errors.Is(err, ledger.ErrNotFound) {
-		return CheckResult{}, time.Time{}, false, nil
-	}
-	if err != nil {
-		return CheckResult{}, time.Time{}, false, err
-	}
-	return fromRecord(rec), rec.Now, true, nil
-}
-
 func fromRecord(rec store.SelfCheckRecord) CheckResult {
 	r := CheckResult{Tool: rec.Tool, Outcome: rec.Outcome, Fingerprint: rec.Fingerprint, Summary: rec.Summary,
 		Disagreements: rec.Disagreements, Actor: rec.Actor, CheckedAt: rec.CheckedAt, Cached: true}
@@ -34,7 +22,7 @@ func fromRecord(rec store.SelfCheckRecord) CheckResult {
 	if json.Unmarshal(rec.Evidence, &ev) == nil {
 		r.Samples, r.Absent = ev.Samples, ev.Absent
 	}
-	r.PresentUnverified = len(r.Samples) == 0
+	r.PresentUnverified = !r.Witnessed()
 	return r
 }
 
@@ -57,13 +45,37 @@ func StoredChecks(ctx context.Context, db ledger.DBTX) ([]CheckResult, error) {
 	return out, nil
 }
 
-// recordCheck stores a check, feeds its answers to the circuit breaker and
-// raises or resolves the probe_untrusted alert, in one transaction.
-func (e *Engine) recordCheck(ctx context.Context, r CheckResult) (breakerChange, error) {
-	var ch breakerChange
+// checkContext is what a check is recorded with besides its own result.
+type checkContext struct {
+	// opener is the trusted check before the batch this check closes (nil
+	// for a check that opens one): what changed between the two goes into
+	// the probe_untrusted alert.
+	opener *CheckResult
+	// batchUnanswered counts the batch's probes the downstream did not
+	// answer: withheld when the closing check could not conclude, they
+	// still count for the breaker.
+	batchUnanswered int
+	// heldNotFound counts the batch's not_found verdicts held for want of
+	// a witness: a probe_unwitnessed alert is raised.
+	heldNotFound int
+}
+
+// checkRecorded is what recording a check did.
+type checkRecorded struct {
+	br       breakerChange
+	raised   int
+	resolved int
+}
+
+// recordCheck stores a check, feeds its answers (and, for an inconclusive
+// closing check, the batch's unanswered probes) to the circuit breaker, and
+// raises or resolves the probe_untrusted and probe_unwitnessed alerts, in
+// one transaction.
+func (e *Engine) recordCheck(ctx context.Context, r CheckResult, cc checkContext) (checkRecorded, error) {
+	var rec checkRecorded
 	evidence, err := json.Marshal(checkEvidence{r.Samples, r.Absent})
 	if err != nil {
-		return ch, fmt.Errorf("encode self-check evidence: %w", err)
+		return rec, fmt.Errorf("encode self-check evidence: %w", err)
 	}
 	vc := verdictCount{tool: r.Tool}
 	for _, s := range append([]SampleCheck{r.Absent}, r.Samples...) {
@@ -71,11 +83,17 @@ func (e *Engine) recordCheck(ctx context.Context, r CheckResult) (breakerChange,
 		case s.Unreachable:
 			vc.unknowns++
 			vc.lastErr = s.Error
+		case s.NotRendered:
+			// Never sent: says nothing of the downstream.
 		case s.Verdict != string(probes.Unknown):
 			vc.conclusive = true
 		}
 	}
+	if r.Outcome == CheckInconclusive && !r.Paused {
+		vc.unknowns += cc.batchUnanswered
+	}
 	write := func(evidence []byte) error {
+		rec = checkRecorded{}
 		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 			err := store.PutSelfCheck(ctx, tx, store.SelfCheckRecord{Tool: r.Tool, Outcome: r.Outcome, Fingerprint: r.Fingerprint,
 				Samples: len(r.Samples), PresentFailed: failedCount(r), AbsentVerdict: r.Absent.Verdict,
@@ -83,17 +101,47 @@ func (e *Engine) recordCheck(ctx context.Context, r CheckResult) (breakerChange,
 			if err != nil {
 				return err
 			}
-			if ch, err = e.countVerdicts(ctx, tx, vc); err != nil {
+			if rec.br, err = e.countVerdicts(ctx, tx, vc); err != nil {
+				return err
+			}
+			if rec.br.opened {
+				rec.raised++
+			}
+			rec.resolved += rec.br.resolved
+			raise := func(a alerts.Alert) error {
+				ok, err := alerts.Raise(ctx, tx, a, e.cfg.RenotifyAfter)
+				if ok {
+					rec.raised++
+				}
+				return err
+			}
+			resolve := func(reason alerts.Reason, how string) error {
+				n, err := alerts.ResolveToolReason(ctx, tx, r.Tool, reason, how)
+				rec.resolved += n
 				return err
 			}
 			switch r.Outcome {
 			case CheckUntrusted:
-				_, err = alerts.Raise(ctx, tx, alerts.Alert{Reason: alerts.ReasonProbeUntrusted, Tool: r.Tool,
-					Details: alerts.Details{Note: "self-check " + r.Summary, LastError: safetext.Clip(r.evidenceText(), 1800)}}, e.cfg.RenotifyAfter)
+				note := "self-check " + r.Summary
+				if cc.opener != nil {
+					note += "; " + changedSince(*cc.opener, r)
+				}
+				err = raise(alerts.Alert{Reason: alerts.ReasonProbeUntrusted, Tool: r.Tool,
+					Details: alerts.Details{Note: safetext.Clip(note, 1500), LastError: safetext.Clip(r.evidenceText(), 1800)}})
 			case CheckTrusted:
-				_, err = alerts.ResolveToolReason(ctx, tx, r.Tool, alerts.ReasonProbeUntrusted, "the probe passed its self-check again")
+				err = resolve(alerts.ReasonProbeUntrusted, "the probe passed its self-check again")
 			}
-			return err
+			if err != nil {
+				return err
+			}
+			switch {
+			case r.Witnessed():
+				return resolve(alerts.ReasonProbeUnwitnessed, "a present-side sample came back found: not_found verdicts are believed again")
+			case r.Trusted() && cc.heldNotFound > 0:
+				return raise(alerts.Alert{Reason: alerts.ReasonProbeUnwitnessed, Tool: r.Tool,
+					Details: alerts.Details{Note: unwitnessedNote(r.Tool, cc.heldNotFound), LastError: safetext.Clip(r.evidenceText(), 1800)}})
+			}
+			return nil
 		})
 	}
 	err = write(evidence)
@@ -102,37 +150,63 @@ func (e *Engine) recordCheck(ctx context.Context, r CheckResult) (breakerChange,
 		// the verdicts, drop the texts.
 		err = write(droppedEvidence(err))
 	}
-	return ch, err
+	return rec, err
+}
+
+// unwitnessedNote says why not_found verdicts were held and what to do.
+func unwitnessedNote(tool string, held int) string {
+	return fmt.Sprintf("%d not_found verdict(s) held, keys left processing: no present-side sample came back found, "+
+		"so nothing shows the probe can find an effect of %s (a typo'd path answers 404 for everything). "+
+		"Add a canary, an effect known to exist downstream: `ledgerkeeper probe canary add KEY --tool %s --reason TEXT`, "+
+		"or tools.%s.probe.self_check.canaries in the configuration", held, tool, tool, tool)
+}
+
+// changedSince says what changed between the trusted check that opened a
+// batch and the check that closed it: each probe whose verdict moved.
+func changedSince(before, after CheckResult) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "before the batch, at %s, it was %s; what changed: ", before.CheckedAt.UTC().Format(time.RFC3339), before.Outcome)
+	var moved []string
+	if before.Absent.Verdict != after.Absent.Verdict {
+		moved = append(moved, fmt.Sprintf("the made-up key %s -> %s", before.Absent.Verdict, after.Absent.Verdict))
+	}
+	was := map[string]string{}
+	for _, s := range before.Samples {
+		was[s.Key] = s.Verdict
+	}
+	for _, s := range after.Samples {
+		if v, ok := was[s.Key]; ok && v != s.Verdict {
+			moved = append(moved, fmt.Sprintf("%s %s -> %s", s.Key, v, s.Verdict))
+		}
+	}
+	if len(moved) == 0 {
+		moved = append(moved, "no verdict moved; the stored values or the samples differ")
+	}
+	b.WriteString(strings.Join(moved, ", "))
+	return b.String()
 }
 
 func failedCount(r CheckResult) int {
 	n := 0
 	for _, s := range r.Samples {
-		if !s.Passed && !s.Unreachable {
+		if !s.Passed && !s.Unreachable && !s.NotRendered && !s.WitnessOnly {
 			n++
 		}
 	}
 	return n
 }
 
-// ensureTrusted tells whether the tool's verdicts may change the ledger in
-// this pass: a stored trusted check made with the same probe configuration
-// within SelfCheckInterval, or a new check (stored, shared with replicas,
-// unless this is a dry run).
-func (t *toolRun) ensureTrusted(ctx context.Context) (CheckResult, error) {
+// check runs a fresh self-check of the tool's probe (shape: a due key's
+// request body, modelling the made-up key's when no sample has one),
+// stores it (shared with replicas and `status`) unless this is a dry run,
+// and tells the tool's breaker what it learnt. A stored check never
+// vouches for a batch: every batch is bracketed by checks of its own.
+func (t *toolRun) check(ctx context.Context, shape json.RawMessage, with func(CheckResult) checkContext) (CheckResult, error) {
 	e := t.p.e
-	stored, now, ok, err := storedCheck(ctx, e.pool, t.tool)
-	if err != nil {
-		return CheckResult{}, err
-	}
-	if ok && stored.Trusted() && stored.Fingerprint == t.policy.ProbeFingerprint &&
-		now.Sub(stored.CheckedAt) < e.cfg.SelfCheckInterval {
-		return stored, nil
-	}
-	r, err := e.runCheck(ctx, t.tool, t.policy)
+	r, err := e.runCheck(ctx, t.tool, t.policy, shape)
 	if err != nil || r.Paused {
 		// Paused: a polite "come back later" vouches for nothing and
-		// counts nothing; nothing is stored, the next pass checks again.
+		// counts nothing; nothing is stored.
 		return r, err
 	}
 	if e.metrics != nil {
@@ -143,12 +217,12 @@ func (t *toolRun) ensureTrusted(ctx context.Context) (CheckResult, error) {
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
-	ch, err := e.recordCheck(wctx, r)
+	rec, err := e.recordCheck(wctx, r, with(r))
 	if err != nil {
 		return r, err
 	}
-	t.breakerChanged(ch)
-	level := slogLevelFor(r.Outcome)
-	e.logger.Log(ctx, level, "probe self-check", "tool", t.tool, "outcome", r.Outcome, "summary", r.Summary)
+	t.p.countAlerts(rec.raised, rec.resolved)
+	t.breakerChanged(rec.br)
+	e.logger.Log(ctx, slogLevelFor(r.Outcome), "probe self-check", "tool", t.tool, "outcome", r.Outcome, "summary", r.Summary)
 	return r, nil
 }

@@ -217,33 +217,31 @@ func TestSelfCheckCatchesDayOneProbeFaults(t *testing.T) {
 	}
 }
 
-// A trusted check vouches for self_check.interval, shared through the
-// database: a second pass (another replica) does not probe the samples
-// again; a changed probe configuration is checked again at once.
-func TestSelfCheckIsSharedAndTiedToTheConfiguration(t *testing.T) {
+// A stored trusted check vouches for no later pass, whichever replica made
+// it: every pass checks the probe again before its first probe (the
+// opener) and after its last answer (the closer), one pair per batch.
+func TestStoredCheckNeverVouchesForALaterPass(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	api := newTicketsAPI(t)
 	toolServerCompletes(t, db, api, "wf-1:step-1", "T-1")
-	// Three stuck keys, one per pass (a check runs only for a tool with
-	// due keys); none of their effects happened.
+	// Three stuck keys, one per pass; none of their effects happened.
 	stuck(t, db, "create_ticket", time.Minute, "s1", "s2", "s3")
 	probe := api.probeAt(t, goodProbePath)
 
 	run(t, checkedEngine(t, db, probe, "v1"), reconcile.Options{Limit: 1})
-	if api.hitsOf("wf-1:step-1") != 1 {
-		t.Fatalf("sample probed %d times by the first check, want 1", api.hitsOf("wf-1:step-1"))
+	if api.hitsOf("wf-1:step-1") != 2 {
+		t.Fatalf("sample probed %d times by the first pass, want 2 (opener and closer)", api.hitsOf("wf-1:step-1"))
 	}
 	rep := run(t, checkedEngine(t, db, probe, "v1"), reconcile.Options{Limit: 1})
-	if api.hitsOf("wf-1:step-1") != 1 {
-		t.Fatal("a second replica re-ran a fresh check")
+	if api.hitsOf("wf-1:step-1") != 4 {
+		t.Fatalf("sample probed %d times after the second pass, want 4: a stored check vouched for a later pass", api.hitsOf("wf-1:step-1"))
 	}
-	if rep.Tools[0].SelfCheck == nil || !rep.Tools[0].SelfCheck.Cached || !rep.Tools[0].SelfCheck.Trusted() {
-		t.Fatalf("second pass self-check = %+v, want the cached trusted one", rep.Tools[0].SelfCheck)
+	if sc := rep.Tools[0].SelfCheck; sc == nil || sc.Cached || !sc.Trusted() {
+		t.Fatalf("second pass self-check = %+v, want a fresh trusted one", sc)
 	}
-	run(t, checkedEngine(t, db, probe, "v2"), reconcile.Options{Limit: 1})
-	if api.hitsOf("wf-1:step-1") != 2 {
-		t.Fatal("a changed probe configuration was not checked again")
+	if n := db.Count(t, `idempotency_keys WHERE status = 'failed_retryable'`); n != 2 {
+		t.Fatalf("%d keys marked retryable after two passes of one key, want 2", n)
 	}
 }
 
@@ -268,8 +266,9 @@ func TestSelfCheckDisagreementDoesNotBlock(t *testing.T) {
 	if k := row(t, db, "wf-stuck:step-1"); k.Status != ledger.StatusCompleted {
 		t.Fatalf("stuck key is %s, want completed", k.Status)
 	}
-	if n := db.Count(t, `probe_self_checks WHERE disagreements = 1`); n != 1 {
-		t.Fatal("the disagreement was not recorded")
+	// Recorded by the opener and again by the closer (the column adds up).
+	if n := db.Count(t, `probe_self_checks WHERE disagreements = 2`); n != 1 {
+		t.Fatal("the disagreement was not recorded by both checks of the batch")
 	}
 	if n := alertsOf(t, db, alerts.ReasonProbeUntrusted, "firing"); n != 0 {
 		t.Fatal("one disagreement raised probe_untrusted")
@@ -344,7 +343,15 @@ func TestSelfCheckInconclusiveWhenDownstreamDown(t *testing.T) {
 	if n := alertsOf(t, db, alerts.ReasonProbeUntrusted, "firing"); n != 0 {
 		t.Fatal("an unreachable downstream raised probe_untrusted")
 	}
-	if n := db.Count(t, `tool_breakers WHERE tool = 'create_ticket' AND consecutive_failures = 2`); n != 1 {
-		t.Fatal("the check's unanswered probes were not counted by the breaker")
+	// The made-up key goes first and alone: unanswered, the samples are
+	// not sent, so a dead downstream costs one request per check.
+	if n := db.Count(t, `tool_breakers WHERE tool = 'create_ticket' AND consecutive_failures = 1`); n != 1 {
+		t.Fatal("the check's unanswered probe was not counted by the breaker")
+	}
+	if n := api.hitsOf("wf-1:step-1"); n != 0 {
+		t.Fatalf("the sample was probed %d times after the made-up key went unanswered", n)
+	}
+	if sc := rep.Tools[0].SelfCheck; sc.SamplesNotSent != 1 {
+		t.Fatalf("samples_not_sent = %d, want 1", sc.SamplesNotSent)
 	}
 }

