@@ -27,7 +27,8 @@
 // keep getting 409, and an operator is alerted once it has been unknown for
 // too long. So every probe here turns anything it did not expect into
 // Unknown, with an error that says why: a 3xx (redirects are never
-// followed), 401, 429 or 5xx; a body that is not JSON or is larger than the
+// followed), 401, 429 or 5xx; a 404 without a JSON body, or one whose body
+// does not match not_found_body; a body that is not JSON or is larger than the
 // limit; a match that is a scalar, an array holding anything but non-empty
 // objects, or a match path the answer does not have; a request placeholder
 // that is missing, null, empty or not a scalar (probing with an empty value
@@ -40,10 +41,35 @@
 //
 // Only these count as evidence of absence (not_found):
 //
-//   - an HTTP 404;
-//   - a 2xx JSON answer whose match path is present and holds null, [] or
-//     {} (with an empty match: the whole answer is null, [] or {});
-//   - zero rows from the sql probe's SELECT, run in a read-only transaction.
+//   - from the http probe, an HTTP 404 whose Content-Type is JSON
+//     (application/json or *+json) and whose body parses as JSON; when
+//     not_found_body is set, its member at not_found_body.path must also
+//     hold not_found_body.equals (a string equal to it, or a number or
+//     boolean whose JSON text equals it). A HEAD answer has no body: a 404
+//     with a JSON Content-Type is absence (not_found_body is refused with
+//     HEAD). With not_found_on_404: any, every 404, whatever its body;
+//   - from the http probe, a 2xx JSON answer whose match path is present
+//     and holds null, [] or {} (with an empty match: the whole answer is
+//     null, [] or {});
+//   - from the sql probe, zero rows from its SELECT, run in a read-only
+//     transaction.
+//
+// A 404 is not absence by itself. A router's or an ingress's own 404 for a
+// path it does not know (a typo'd url, an API moved behind a new prefix)
+// is HTML, text or empty, and a probe misconfigured so gets it for every
+// key: read as absence, each key would be marked retryable whatever
+// happened downstream. So a 404 without a JSON body is unknown ("a 404
+// without a JSON body may come from a router, not the API", with its
+// Content-Type and the first bytes of its body), and so is a JSON 404 that
+// does not match not_found_body ("the 404's body does not say the effect
+// is absent: error.code is "route_not_found", want "ticket_not_found"", or
+// a missing member).
+//
+// A probe that cannot even be built for a key (a request placeholder the
+// key's request body lacks, a body that is not JSON, an empty value, a
+// dot-segment) is unknown with an error wrapping ErrNotRendered: the
+// downstream was never asked, so such a result is neither absence nor
+// Unreachable.
 //
 // Absence must be explicit. A 2xx answer that lacks the match path (a
 // missing member such as `data` when the downstream renamed it `items`, an

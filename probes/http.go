@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -62,9 +64,45 @@ type HTTPConfig struct {
 	// MaxBodyBytes bounds the response body read. Default
 	// DefaultMaxBodyBytes; a larger body is unknown.
 	MaxBodyBytes int64
+	// NotFoundOn404 says which 404s are evidence of absence:
+	// NotFoundOn404JSON ("json", the default when empty) counts only a 404
+	// whose body is JSON (and matches NotFoundBody when set), because a
+	// router's or an ingress's own 404 for a path it does not know (a
+	// typo'd url, an API moved) is HTML, text or empty, and reading it as
+	// absence would mark keys retryable whose effect happened;
+	// NotFoundOn404Any ("any") counts every 404 whatever its body, for an
+	// API whose 404s have no body. Anything else is refused.
+	NotFoundOn404 string
+	// NotFoundBody, when set, is what a 404's JSON body must say for the
+	// 404 to be absence, e.g. {Path: "error.code", Equals:
+	// "ticket_not_found"}: an ingress that answers JSON 404s of its own is
+	// then told apart from the API. Refused with NotFoundOn404Any (which
+	// ignores bodies) and with HEAD (which has none).
+	NotFoundBody *NotFoundBody
 	// Client sends the requests; nil means a client of the probe's own
 	// (released by Close). Redirects are never followed, whichever client.
 	Client *http.Client
+}
+
+// The values of HTTPConfig.NotFoundOn404.
+const (
+	// NotFoundOn404JSON: a 404 is absence only with a JSON body (the
+	// default).
+	NotFoundOn404JSON = "json"
+	// NotFoundOn404Any: every 404 is absence, whatever its body.
+	NotFoundOn404Any = "any"
+)
+
+// NotFoundBody is the member of a 404's JSON body that says the effect is
+// absent (tools.T.probe.not_found_body).
+type NotFoundBody struct {
+	// Path is a dotted path into the 404's body, e.g. "error.code".
+	// Required.
+	Path string
+	// Equals is what the member at Path must hold: a JSON string equal to
+	// it, or a number or boolean whose JSON text equals it ("404",
+	// "true"). Required.
+	Equals string
 }
 
 // HTTPProbe asks an HTTP API whether a key's effect exists. Create it with
@@ -80,6 +118,9 @@ type HTTPProbe struct {
 	code       int
 	mapping    map[string]jsonPath
 	maxBody    int64
+	any404     bool      // every 404 is absence (NotFoundOn404Any)
+	nfPath     *jsonPath // NotFoundBody.Path, when set
+	nfEquals   string    // NotFoundBody.Equals
 	client     *http.Client
 	ownsClient bool
 }
@@ -121,6 +162,28 @@ func NewHTTP(cfg HTTPConfig) (*HTTPProbe, error) {
 	}
 	if p.mapping, err = parseMapping(cfg.ResponseBody); err != nil {
 		return nil, fmt.Errorf("http probe: %w", err)
+	}
+	switch cfg.NotFoundOn404 {
+	case "", NotFoundOn404JSON:
+	case NotFoundOn404Any:
+		p.any404 = true
+	default:
+		return nil, fmt.Errorf("http probe: not_found_on_404 %q not supported (want json or any)", cfg.NotFoundOn404)
+	}
+	if nb := cfg.NotFoundBody; nb != nil {
+		switch {
+		case p.any404:
+			return nil, errors.New("http probe: not_found_body contradicts not_found_on_404: any, which counts every 404 whatever its body: remove one")
+		case p.method == http.MethodHead:
+			return nil, errors.New("http probe: a HEAD response has no body: not_found_body must be empty")
+		case nb.Path == "" || nb.Equals == "":
+			return nil, errors.New("http probe: not_found_body needs both path and equals")
+		}
+		path, err := parseMatchPath(nb.Path)
+		if err != nil {
+			return nil, fmt.Errorf("http probe: not_found_body.path: %w", err)
+		}
+		p.nfPath, p.nfEquals = &path, nb.Equals
 	}
 	for _, name := range sortedKeys(cfg.Headers) {
 		val := cfg.Headers[name]
@@ -228,8 +291,9 @@ func (p *HTTPProbe) Probe(ctx context.Context, k Key) Result {
 				Err: fmt.Errorf("http probe %s: %w", what, &ThrottledError{Status: resp.StatusCode, RetryAfter: after})}
 		}
 	}
-	if resp.StatusCode == http.StatusNotFound {
-		// The status line is the evidence; the body does not matter.
+	if resp.StatusCode == http.StatusNotFound && p.any404 {
+		// Configured so: the status line is the evidence; the body does
+		// not matter.
 		return Result{Verdict: NotFound, Evidence: ev.raw()}
 	}
 	if readErr != nil {
@@ -239,6 +303,8 @@ func (p *HTTPProbe) Probe(ctx context.Context, k Key) Result {
 		return unknown(ev.raw(), "http probe %s: status %d: body larger than %d bytes (raise max_body_bytes or narrow the query)", what, resp.StatusCode, p.maxBody)
 	}
 	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return p.judge404(resp.Header.Get("Content-Type"), body, ev, what)
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
 		return unknown(ev.raw(), "http probe %s: status %s: redirects are not followed (point the url at the final location)", what, resp.Status)
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
@@ -277,6 +343,94 @@ func (p *HTTPProbe) evaluate(body []byte, ev httpEvidence, what string) Result {
 	default:
 		return unknown(ev.raw(), "http probe %s: %w", what, sel.err)
 	}
+}
+
+// routerNotFound is the error of a 404 that is not evidence of absence
+// because nothing says the API sent it.
+const routerNotFound = "a 404 without a JSON body may come from a router, not the API"
+
+// judge404 decides whether a 404 says that the effect is absent: only with
+// a JSON body (Content-Type application/json or *+json, and a body that
+// parses), matching not_found_body when it is set. A router's or an
+// ingress's 404 (HTML, text, empty) is what a typo'd path gets for every
+// key, so it is unknown. A HEAD answer has no body: its Content-Type, the
+// body a GET would get, is all there is to judge.
+func (p *HTTPProbe) judge404(contentType string, body []byte, ev httpEvidence, what string) Result {
+	if !jsonMediaType(contentType) {
+		return unknown(ev.raw(), "http probe %s: status 404: %s (%s, body %s)", what, routerNotFound, describeContentType(contentType), p.snippet(body))
+	}
+	if p.method == http.MethodHead {
+		return Result{Verdict: NotFound, Evidence: ev.raw()}
+	}
+	doc, err := decodeJSON(body)
+	if err != nil {
+		return unknown(ev.raw(), "http probe %s: status 404: %s (%s, but the body is not JSON (%v): %s)", what, routerNotFound, describeContentType(contentType), err, p.snippet(body))
+	}
+	if p.nfPath == nil {
+		return Result{Verdict: NotFound, Evidence: ev.raw()}
+	}
+	const notAbsent = "the 404's body does not say the effect is absent"
+	v, miss := p.nfPath.find(doc)
+	if miss != nil {
+		return unknown(ev.raw(), "http probe %s: status 404: %s: %s (not_found_body.path %q)", what, notAbsent, miss.describe("the body"), p.nfPath.raw)
+	}
+	if got, ok := jsonScalarText(v); !ok || got != p.nfEquals {
+		return unknown(ev.raw(), "http probe %s: status 404: %s: %s is %s, want %q", what, notAbsent, p.nfPath.raw, p.quoteValue(v), p.nfEquals)
+	}
+	return Result{Verdict: NotFound, Evidence: ev.raw()}
+}
+
+// jsonMediaType reports whether a Content-Type names JSON:
+// application/json, or a structured syntax suffix +json (RFC 6839), such as
+// application/problem+json.
+func jsonMediaType(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// describeContentType names a response's Content-Type for an error,
+// clipped: it is the downstream's text.
+func describeContentType(ct string) string {
+	if ct == "" {
+		return "no Content-Type"
+	}
+	return fmt.Sprintf("Content-Type %q", safetext.ClipRunes(ct, 64))
+}
+
+// jsonScalarText is the text a not_found_body's equals compares with: a
+// string's value, a number's or a boolean's JSON text. Other values (null,
+// objects, arrays) never match.
+func jsonScalarText(v any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case json.Number:
+		return x.String(), true
+	case bool:
+		return strconv.FormatBool(x), true
+	}
+	return "", false
+}
+
+// quoteValue shows a value from a downstream's body in an error: a scalar
+// as JSON text, short and redacted; anything else by its kind.
+func (p *HTTPProbe) quoteValue(v any) string {
+	switch x := v.(type) {
+	case string:
+		if x == "" {
+			return `""`
+		}
+		return p.snippet([]byte(x))
+	case json.Number, bool:
+		s, _ := jsonScalarText(x)
+		return safetext.ClipRunes(s, 64)
+	case nil:
+		return "null"
+	}
+	return describe(v)
 }
 
 // transportError says what went wrong without repeating the URL (the caller

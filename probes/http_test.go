@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ledgerkeeper/ledgerkeeper/internal/fielderr"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
 
@@ -133,7 +134,7 @@ func TestHTTPVerdicts(t *testing.T) {
 		errHas   string // for Unknown
 	}{
 		{name: "404", match: "data", status: 404, body: `{"error":"no such ticket"}`, want: probes.NotFound},
-		{name: "404 non-JSON", match: "data", status: 404, body: `<html>not found</html>`, want: probes.NotFound},
+		{name: "404 non-JSON", match: "data", status: 404, body: `<html>not found</html>`, want: probes.Unknown, errHas: "a 404 without a JSON body may come from a router, not the API"},
 		{name: "empty array", match: "data", status: 200, body: `{"data":[]}`, want: probes.NotFound},
 		{name: "empty object", match: "data", status: 200, body: `{"data":{}}`, want: probes.NotFound},
 		{name: "null", match: "data", status: 200, body: `{"data":null}`, want: probes.NotFound},
@@ -544,6 +545,7 @@ func TestHTTPMethods(t *testing.T) {
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodHead {
 			if strings.HasSuffix(r.URL.Path, "/missing") {
+				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(404)
 			}
 			return
@@ -794,7 +796,9 @@ func TestHTTPHostHeader(t *testing.T) {
 		mu.Lock()
 		host = r.Host
 		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(404)
+		_, _ = io.WriteString(w, `{}`)
 	})
 	p := newHTTP(t, probes.HTTPConfig{URL: srv.URL + "/x/{key}", Headers: map[string]string{"host": "tickets.internal"}})
 	assertVerdict(t, p.Probe(context.Background(), testKey), probes.NotFound)
@@ -823,4 +827,225 @@ func TestHTTPConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// nginxDefault404 is what an ingress's default backend answers for a path
+// no route knows: a typo'd probe url gets it for every key.
+const nginxDefault404 = "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+
+// answer404 answers every request with a 404 of this Content-Type ("" for
+// none) and body.
+func answer404(contentType, body string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if contentType != "" {
+			w.Header().Set("Content-Type", contentType)
+		} else {
+			// Without it net/http would sniff one from the body.
+			w.Header()["Content-Type"] = nil
+		}
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, body)
+	}
+}
+
+const routerMsg = "a 404 without a JSON body may come from a router, not the API"
+
+// A 404 is absence only when the API says so in JSON: a router's HTML,
+// text or empty 404 is what every key gets when the probe's path is wrong,
+// so it is unknown (and not unreachable: the downstream answered, the
+// probe may be broken). not_found_on_404: any restores the old rule.
+func TestHTTP404IsAbsenceOnlyWithAJSONBody(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name        string
+		contentType string
+		body        string
+		want        probes.Verdict // with the default rule (json)
+		errHas      []string
+	}{
+		{name: "JSON empty object", contentType: "application/json", body: `{}`, want: probes.NotFound},
+		{name: "JSON error", contentType: "application/json; charset=utf-8", body: `{"error":{"code":"ticket_not_found","message":"no such ticket"}}`, want: probes.NotFound},
+		{name: "problem+json", contentType: "application/problem+json", body: `{"type":"about:blank","status":404}`, want: probes.NotFound},
+		{name: "JSON null", contentType: "application/json", body: `null`, want: probes.NotFound},
+		{name: "nginx default backend", contentType: "text/html", body: nginxDefault404, want: probes.Unknown,
+			errHas: []string{routerMsg, `Content-Type "text/html"`, `body "<html> <head><title>404 Not Found</title>`}},
+		{name: "Go mux text", contentType: "text/plain; charset=utf-8", body: "404 page not found\n", want: probes.Unknown,
+			errHas: []string{routerMsg, `Content-Type "text/plain; charset=utf-8"`, `body "404 page not found"`}},
+		{name: "empty", body: ``, want: probes.Unknown, errHas: []string{routerMsg, "no Content-Type", "body (empty)"}},
+		{name: "empty with a JSON Content-Type", contentType: "application/json", body: ``, want: probes.Unknown,
+			errHas: []string{routerMsg, "the body is not JSON"}},
+		{name: "JSON Content-Type, HTML body", contentType: "application/json", body: nginxDefault404, want: probes.Unknown,
+			errHas: []string{routerMsg, `Content-Type "application/json", but the body is not JSON`}},
+		{name: "JSON body, HTML Content-Type", contentType: "text/html", body: `{}`, want: probes.Unknown, errHas: []string{routerMsg}},
+		{name: "bad Content-Type", contentType: "application/json;;", body: `{}`, want: probes.Unknown, errHas: []string{routerMsg}},
+		{name: "JSON and trailing garbage", contentType: "application/json", body: `{} <html>`, want: probes.Unknown, errHas: []string{routerMsg}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newServer(t, answer404(tt.contentType, tt.body))
+			target := srv.URL + "/v1/tickets?idempotency_key={key}"
+			for _, mode := range []string{"", probes.NotFoundOn404JSON} {
+				res := newHTTP(t, probes.HTTPConfig{URL: target, Match: "data", NotFoundOn404: mode}).Probe(context.Background(), testKey)
+				assertVerdict(t, res, tt.want)
+				for _, s := range tt.errHas {
+					if !strings.Contains(res.Err.Error(), s) {
+						t.Errorf("not_found_on_404 %q: err = %q, want it to mention %q", mode, res.Err, s)
+					}
+				}
+				if res.Verdict == probes.Unknown && (probes.Unreachable(res) || errors.Is(res.Err, probes.ErrNotRendered)) {
+					t.Errorf("a router's 404 reads as a downstream that did not answer, or a key that could not be rendered: %v", res.Err)
+				}
+				if !strings.Contains(string(res.Evidence), `"http_status":404`) {
+					t.Errorf("evidence = %s", res.Evidence)
+				}
+			}
+			res := newHTTP(t, probes.HTTPConfig{URL: target, Match: "data", NotFoundOn404: probes.NotFoundOn404Any}).Probe(context.Background(), testKey)
+			assertVerdict(t, res, probes.NotFound)
+		})
+	}
+}
+
+// A HEAD answer has no body: a 404 is absence when its Content-Type is
+// JSON (the body a GET would get), unknown otherwise.
+func TestHTTPHead404IsJudgedByItsContentType(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		contentType string
+		want        probes.Verdict
+	}{
+		{"application/json", probes.NotFound},
+		{"text/html", probes.Unknown},
+		{"", probes.Unknown},
+	} {
+		srv := newServer(t, answer404(tc.contentType, ""))
+		p := newHTTP(t, probes.HTTPConfig{URL: srv.URL + "/tickets/{key}", Method: "HEAD"})
+		res := p.Probe(context.Background(), testKey)
+		assertVerdict(t, res, tc.want)
+		if tc.want == probes.Unknown && !strings.Contains(res.Err.Error(), routerMsg) {
+			t.Errorf("%q: err = %v", tc.contentType, res.Err)
+		}
+		anyRule := newHTTP(t, probes.HTTPConfig{URL: srv.URL + "/tickets/{key}", Method: "HEAD", NotFoundOn404: "any"})
+		assertVerdict(t, anyRule.Probe(context.Background(), testKey), probes.NotFound)
+	}
+}
+
+// With not_found_body a JSON 404 is absence only when the member at its
+// path holds its value: an ingress that answers JSON 404s of its own (for a
+// route, not a ticket) is told apart from the API.
+func TestHTTPNotFoundBodyMustSayAbsent(t *testing.T) {
+	t.Parallel()
+	const notAbsent = "the 404's body does not say the effect is absent: "
+	tests := []struct {
+		name   string
+		equals string // default "ticket_not_found"
+		ctype  string // default application/json
+		body   string
+		want   probes.Verdict
+		errHas string
+	}{
+		{name: "match", body: `{"error":{"code":"ticket_not_found","message":"no such ticket"}}`, want: probes.NotFound},
+		{name: "mismatch", body: `{"error":{"code":"route_not_found"}}`, want: probes.Unknown,
+			errHas: notAbsent + `error.code is "route_not_found", want "ticket_not_found"`},
+		{name: "empty string", body: `{"error":{"code":""}}`, want: probes.Unknown, errHas: `error.code is "", want "ticket_not_found"`},
+		{name: "missing member", body: `{"error":{"message":"no route"}}`, want: probes.Unknown,
+			errHas: notAbsent + "the body has no member `code` in `error`"},
+		{name: "missing parent", body: `{}`, want: probes.Unknown, errHas: notAbsent + "the body has no member `error`"},
+		{name: "parent is a string", body: `{"error":"ticket_not_found"}`, want: probes.Unknown, errHas: notAbsent + "the shape differs"},
+		{name: "null", body: `{"error":{"code":null}}`, want: probes.Unknown, errHas: "error.code is null"},
+		{name: "object", body: `{"error":{"code":{"name":"ticket_not_found"}}}`, want: probes.Unknown, errHas: "error.code is an object"},
+		{name: "number matches its text", equals: "404", body: `{"error":{"code":404}}`, want: probes.NotFound},
+		{name: "string matches a number's text", equals: "404", body: `{"error":{"code":"404"}}`, want: probes.NotFound},
+		{name: "number spelt otherwise", equals: "404", body: `{"error":{"code":404.0}}`, want: probes.Unknown, errHas: `error.code is 404.0, want "404"`},
+		{name: "boolean", equals: "true", body: `{"error":{"code":true}}`, want: probes.NotFound},
+		{name: "boolean mismatch", equals: "true", body: `{"error":{"code":false}}`, want: probes.Unknown, errHas: `error.code is false, want "true"`},
+		{name: "a router's HTML still", ctype: "text/html", body: nginxDefault404, want: probes.Unknown, errHas: routerMsg},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newServer(t, answer404(cmpOr(tt.ctype, "application/json"), tt.body))
+			p := newHTTP(t, probes.HTTPConfig{URL: srv.URL + "/v1/tickets/{key}",
+				NotFoundBody: &probes.NotFoundBody{Path: "error.code", Equals: cmpOr(tt.equals, "ticket_not_found")}})
+			res := p.Probe(context.Background(), testKey)
+			assertVerdict(t, res, tt.want)
+			if tt.errHas != "" && !strings.Contains(res.Err.Error(), tt.errHas) {
+				t.Errorf("err = %q, want it to mention %q", res.Err, tt.errHas)
+			}
+		})
+	}
+	// A 2xx answer is judged by match alone, whatever not_found_body says.
+	srv := newServer(t, reply(200, `{"data":[]}`))
+	p := newHTTP(t, probes.HTTPConfig{URL: srv.URL + "/v1/tickets/{key}", Match: "data",
+		NotFoundBody: &probes.NotFoundBody{Path: "error.code", Equals: "ticket_not_found"}})
+	assertVerdict(t, p.Probe(context.Background(), testKey), probes.NotFound)
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// The 404 settings an operator can get wrong are refused by NewHTTP and, by
+// their own keys, by CheckHTTPSettings (config check).
+func TestHTTPNotFoundSettingsRefused(t *testing.T) {
+	t.Parallel()
+	body := func(path, equals string) *probes.NotFoundBody { return &probes.NotFoundBody{Path: path, Equals: equals} }
+	tests := []struct {
+		name       string
+		cfg        probes.HTTPConfig
+		newErrHas  string   // "" : NewHTTP accepts it
+		wantFields []string // CheckHTTPSettings' fields
+	}{
+		{name: "json", cfg: probes.HTTPConfig{NotFoundOn404: "json"}},
+		{name: "any", cfg: probes.HTTPConfig{NotFoundOn404: "any"}},
+		{name: "json with a body", cfg: probes.HTTPConfig{NotFoundOn404: "json", NotFoundBody: body("error.code", "ticket_not_found")}},
+		{name: "default with a body", cfg: probes.HTTPConfig{NotFoundBody: body("code", "404")}},
+		{name: "unknown mode", cfg: probes.HTTPConfig{NotFoundOn404: "always"}, newErrHas: `not_found_on_404 "always" not supported (want json or any)`,
+			wantFields: []string{"not_found_on_404"}},
+		{name: "upper-case mode", cfg: probes.HTTPConfig{NotFoundOn404: "ANY"}, newErrHas: "not_found_on_404", wantFields: []string{"not_found_on_404"}},
+		{name: "any with a body", cfg: probes.HTTPConfig{NotFoundOn404: "any", NotFoundBody: body("error.code", "ticket_not_found")},
+			newErrHas: "not_found_body contradicts not_found_on_404: any", wantFields: []string{"not_found_body"}},
+		{name: "HEAD with a body", cfg: probes.HTTPConfig{Method: "HEAD", NotFoundBody: body("error.code", "ticket_not_found")},
+			newErrHas: "a HEAD response has no body", wantFields: []string{"not_found_body"}},
+		{name: "body without a path", cfg: probes.HTTPConfig{NotFoundBody: body("", "ticket_not_found")},
+			newErrHas: "not_found_body needs both path and equals", wantFields: []string{"not_found_body.path"}},
+		{name: "body without equals", cfg: probes.HTTPConfig{NotFoundBody: body("error.code", "")},
+			newErrHas: "not_found_body needs both path and equals", wantFields: []string{"not_found_body.equals"}},
+		{name: "empty body", cfg: probes.HTTPConfig{NotFoundBody: body("", "")},
+			newErrHas: "not_found_body needs both path and equals", wantFields: []string{"not_found_body.path", "not_found_body.equals"}},
+		{name: "JSONPath spelling", cfg: probes.HTTPConfig{NotFoundBody: body("$.error.code", "x")},
+			newErrHas: `not_found_body.path: "$.error.code" looks like JSONPath`, wantFields: []string{"not_found_body.path"}},
+		{name: "empty segment", cfg: probes.HTTPConfig{NotFoundBody: body("error..code", "x")},
+			newErrHas: "not_found_body.path: JSON path", wantFields: []string{"not_found_body.path"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := tt.cfg
+			cfg.URL = "http://tickets.internal/v1/tickets/{key}"
+			p, err := probes.NewHTTP(cfg)
+			switch {
+			case tt.newErrHas == "" && err != nil:
+				t.Fatalf("NewHTTP: %v", err)
+			case tt.newErrHas == "":
+				_ = p.Close()
+			case err == nil:
+				_ = p.Close()
+				t.Fatalf("NewHTTP accepted it, want an error mentioning %q", tt.newErrHas)
+			case !strings.Contains(err.Error(), tt.newErrHas):
+				t.Fatalf("NewHTTP: %v, want it to mention %q", err, tt.newErrHas)
+			}
+			var fields []string
+			fes, _ := fielderr.All(probes.CheckHTTPSettings(cfg))
+			for _, fe := range fes {
+				fields = append(fields, fe.Field)
+			}
+			if strings.Join(fields, ",") != strings.Join(tt.wantFields, ",") {
+				t.Fatalf("CheckHTTPSettings fields = %q (%v), want %q", fields, fes, tt.wantFields)
+			}
+		})
+	}
 }

@@ -12,7 +12,9 @@ import (
 // CheckHTTPSettings names the setting of each mistake in cfg that NewHTTP
 // would refuse or that would make every probe unknown, as *fielderr.Error
 // with the probe's own keys ("url", "method", "match",
-// "response_body.FIELD", "response_code", "timeout"), all of them joined.
+// "response_body.FIELD", "response_code", "timeout", "not_found_on_404",
+// "not_found_body", "not_found_body.path", "not_found_body.equals"), all
+// of them joined.
 // Zero means the default. `config check` calls it (through
 // internal/daemon) so that each error has the key's own line; NewHTTP
 // still refuses whatever it cannot build.
@@ -30,6 +32,27 @@ func CheckHTTPSettings(cfg HTTPConfig) error {
 	case "", "GET", "POST", "HEAD":
 	default:
 		errs.Add("method", "must be GET, POST or HEAD, got %q", cfg.Method)
+	}
+	switch cfg.NotFoundOn404 {
+	case "", NotFoundOn404JSON, NotFoundOn404Any:
+	default:
+		errs.Add("not_found_on_404", "must be json or any, got %q", cfg.NotFoundOn404)
+	}
+	if nb := cfg.NotFoundBody; nb != nil {
+		switch {
+		case cfg.NotFoundOn404 == NotFoundOn404Any:
+			errs.Add("not_found_body", "contradicts not_found_on_404: any, which counts every 404 whatever its body: remove one")
+		case strings.EqualFold(cfg.Method, "HEAD"):
+			errs.Add("not_found_body", "a HEAD response has no body: remove not_found_body or use GET")
+		}
+		if nb.Path == "" {
+			errs.Add("not_found_body.path", "required: the dotted path of the member that says the effect is absent, e.g. error.code")
+		} else if _, err := parseMatchPath(nb.Path); err != nil {
+			errs.Add("not_found_body.path", "%v", err)
+		}
+		if nb.Equals == "" {
+			errs.Add("not_found_body.equals", "required: what the member at path holds in the API's own 404, e.g. ticket_not_found")
+		}
 	}
 	return errs.Err()
 }

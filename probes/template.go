@@ -8,6 +8,27 @@ import (
 	"strings"
 )
 
+// ErrNotRendered means that the probe could not even be built for this key:
+// a placeholder such as {request.ref} that the key's request body lacks, a
+// request body that is not JSON, an empty value, a value that would be a
+// dot-segment. The downstream was never asked, so the Unknown it comes with
+// says nothing about the downstream or about the probe's reading of its
+// answers, only about this key. Every error from rendering an http probe's
+// URL or an sql probe's args for a key wraps it (errors.Is), with its own
+// message unchanged; the self-check tells "the made-up key cannot be
+// rendered" (inconclusive) from "the probe misreads its downstream"
+// (untrusted) by it.
+var ErrNotRendered = errors.New("the probe could not be built for this key; the downstream was not asked")
+
+// renderError is an error from rendering a probe for a key: its message is
+// the cause's alone, and it is both the cause and ErrNotRendered.
+type renderError struct{ err error }
+
+func (e *renderError) Error() string   { return e.err.Error() }
+func (e *renderError) Unwrap() []error { return []error{e.err, ErrNotRendered} }
+
+func notRendered(err error) error { return &renderError{err: err} }
+
 // urlTemplate is a parsed http probe URL: literal text and placeholders.
 // Values are escaped for the part of the URL they stand in, so a value can
 // never change the URL's structure: the origin (scheme, host, port) is
@@ -92,11 +113,20 @@ func (d *requestDoc) get() (any, error) {
 	return d.doc, d.err
 }
 
-// value returns the placeholder's value for k. It refuses a value that is
-// missing, null, empty or not a scalar: probing with an empty value could
-// match every effect and turn into a wrong found or duplicate, and a
-// stringified object is never what a downstream stores.
+// value returns the placeholder's value for k; its errors wrap
+// ErrNotRendered. It refuses a value that is missing, null, empty or not a
+// scalar: probing with an empty value could match every effect and turn
+// into a wrong found or duplicate, and a stringified object is never what a
+// downstream stores.
 func (ph *placeholder) value(k Key, req *requestDoc) (string, error) {
+	s, err := ph.lookup(k, req)
+	if err != nil {
+		return "", notRendered(err)
+	}
+	return s, nil
+}
+
+func (ph *placeholder) lookup(k Key, req *requestDoc) (string, error) {
 	var s string
 	switch ph.kind {
 	case phKey:
@@ -218,11 +248,22 @@ func (t *urlTemplate) renderWith(value func(*placeholder) string) string {
 	return b.String()
 }
 
-// render fills the template for k. It escapes each value for where it
-// stands, then parses the result and re-checks that the origin and the
-// literal prefix are the template's own, so that no value, however hostile,
-// can send the probe elsewhere.
+// render fills the template for k; its errors wrap ErrNotRendered. It
+// escapes each value for where it stands, then parses the result and
+// re-checks that the origin and the literal prefix are the template's own,
+// so that no value, however hostile, can send the probe elsewhere.
 func (t *urlTemplate) render(k Key) (*url.URL, error) {
+	u, err := t.renderKey(k)
+	if err != nil {
+		if !errors.Is(err, ErrNotRendered) {
+			err = notRendered(err)
+		}
+		return nil, err
+	}
+	return u, nil
+}
+
+func (t *urlTemplate) renderKey(k Key) (*url.URL, error) {
 	req := &requestDoc{raw: k.RequestBody}
 	values := make(map[*placeholder]string, len(t.parts))
 	for _, p := range t.parts {

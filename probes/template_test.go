@@ -1,8 +1,13 @@
 package probes
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -119,5 +124,94 @@ func TestPlaceholderNames(t *testing.T) {
 		if u.String() != tt.want {
 			t.Errorf("%s: got %s, want %s", tt.tmpl, u, tt.want)
 		}
+	}
+}
+
+// A probe that cannot be built for a key (a placeholder the request body
+// lacks, a body that is not JSON, an empty value, a dot-segment) never asks
+// the downstream; its Unknown wraps ErrNotRendered with the message it
+// always had, and is not Unreachable: the self-check calls a made-up key
+// that cannot be rendered inconclusive, not the probe untrusted.
+func TestProbesThatCannotBeRenderedWrapErrNotRendered(t *testing.T) {
+	t.Parallel()
+	var asked atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"data":[]}`))
+	}))
+	t.Cleanup(srv.Close)
+	httpProbe := func(path string) Probe {
+		p, err := NewHTTP(HTTPConfig{URL: srv.URL + path, Match: "data"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		return p
+	}
+	sqlProbe := func(arg string) Probe {
+		// Never connects: the args are rendered first.
+		p, err := NewSQL(context.Background(), SQLConfig{DatabaseURL: "postgres://probe:pw@127.0.0.1:1/none",
+			Query: "SELECT 1 AS one WHERE $1::text <> ''", Args: []string{arg}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		return p
+	}
+	byRef, byKey := httpProbe("/t/{request.ref}"), httpProbe("/t/{key}")
+	sqlByRef, sqlByKey := sqlProbe("request.ref"), sqlProbe("key")
+	key := func(k, body string) Key {
+		out := Key{Key: k, Tool: "create_ticket"}
+		if body != "" {
+			out.RequestBody = json.RawMessage(body)
+		}
+		return out
+	}
+	tests := []struct {
+		name    string
+		probe   Probe
+		key     Key
+		wantErr string // the whole message; a prefix when it ends in "…"
+	}{
+		{"no request body", byRef, key("k", ""), "http probe: {request.ref}: the key has no request body"},
+		{"request body not JSON", byRef, key("k", "not json"), "http probe: {request.ref}: the key's request body is not valid JSON: …"},
+		{"member missing", byRef, key("k", `{"title":"x"}`), "http probe: {request.ref}: not in the key's request body"},
+		{"empty value", byRef, key("k", `{"ref":""}`), "http probe: {request.ref}: empty value; refusing to probe with it"},
+		{"not a scalar", byRef, key("k", `{"ref":{"id":1}}`), "http probe: {request.ref}: is an object in the key's request body, want a string, number or boolean"},
+		{"dot-segment", byKey, key("..", ""), `http probe: {key}: value ".." would be a dot-segment in the URL path; refusing to probe with it`},
+		{"empty key", byKey, key("", ""), "http probe: {key}: empty value; refusing to probe with it"},
+		{"sql: no request body", sqlByRef, key("k", ""), "sql probe: args[0]: {request.ref}: the key has no request body"},
+		{"sql: member missing", sqlByRef, key("k", `{}`), "sql probe: args[0]: {request.ref}: not in the key's request body"},
+		{"sql: empty key", sqlByKey, key("", ""), "sql probe: args[0]: {key}: empty value; refusing to probe with it"},
+	}
+	for _, tt := range tests {
+		res := tt.probe.Probe(context.Background(), tt.key)
+		if res.Verdict != Unknown || res.Err == nil {
+			t.Fatalf("%s: %+v, want unknown", tt.name, res)
+		}
+		if !errors.Is(res.Err, ErrNotRendered) {
+			t.Errorf("%s: err %q does not wrap ErrNotRendered", tt.name, res.Err)
+		}
+		if prefix, ok := strings.CutSuffix(tt.wantErr, "…"); ok {
+			if !strings.HasPrefix(res.Err.Error(), prefix) {
+				t.Errorf("%s: err = %q, want it to start %q", tt.name, res.Err, prefix)
+			}
+		} else if res.Err.Error() != tt.wantErr {
+			t.Errorf("%s: err = %q, want %q", tt.name, res.Err, tt.wantErr)
+		}
+		if Unreachable(res) {
+			t.Errorf("%s: a key that cannot be rendered reads as an unreachable downstream", tt.name)
+		}
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("the downstream was asked %d times", n)
+	}
+
+	// What the downstream answers, or not, is not a rendering error.
+	ok := byRef.Probe(context.Background(), key("k", `{"ref":"r-1"}`))
+	refused := sqlByRef.Probe(context.Background(), key("k", `{"ref":"r-1"}`))
+	if ok.Verdict != NotFound || refused.Verdict != Unknown || errors.Is(refused.Err, ErrNotRendered) || !Unreachable(refused) {
+		t.Errorf("rendered probes: http %+v, sql %+v", ok, refused)
 	}
 }

@@ -20,14 +20,15 @@ import (
 // database that refused the connection. Any other Unknown means the
 // downstream answered and the probe did not understand the answer (a
 // renamed field, an unexpected status, wrong credentials): the probe itself
-// may be broken.
+// may be broken. An Unknown wrapping ErrNotRendered is not unreachable
+// either: the downstream was never asked.
 //
 // The self-check uses the difference: a downstream that does not answer
 // cannot vouch for its probe either way (the check is inconclusive and the
 // circuit breaker counts it), while an answer the probe cannot read makes
 // the probe untrusted.
 func Unreachable(res Result) bool {
-	if res.Verdict != Unknown {
+	if res.Verdict != Unknown || errors.Is(res.Err, ErrNotRendered) {
 		return false
 	}
 	var ev struct {
