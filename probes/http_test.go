@@ -992,7 +992,9 @@ func cmpOr(s, def string) string {
 // their own keys, by CheckHTTPSettings (config check).
 func TestHTTPNotFoundSettingsRefused(t *testing.T) {
 	t.Parallel()
-	body := func(path, equals string) *probes.NotFoundBody { return &probes.NotFoundBody{Path: path, Equals: equals} }
+	body := func(path, equals string) *probes.NotFoundBody {
+		return &probes.NotFoundBody{Path: path, Equals: equals}
+	}
 	tests := []struct {
 		name       string
 		cfg        probes.HTTPConfig
