@@ -341,7 +341,7 @@ func judge(r *CheckResult) {
 	case len(r.Samples) == 0:
 		b.WriteString("; present side unverified (no key completed by its tool server, no canary): add a canary with `ledgerkeeper probe canary add`")
 	default:
-		fmt.Fprintf(&b, "; %d of %d present-side samples came back found with their stored values", passed, len(r.Samples))
+		fmt.Fprintf(&b, "; %d of %d %s came back found with their stored values", passed, len(r.Samples), sampleNoun(r.Samples))
 		if unanswered > 0 {
 			fmt.Fprintf(&b, " (%d unanswered)", unanswered)
 		}
@@ -350,6 +350,24 @@ func judge(r *CheckResult) {
 		}
 	}
 	r.Summary = b.String()
+}
+
+// sampleNoun names what the samples are: "completed keys" when all are
+// keys completed recently by the tool server, else the mix.
+func sampleNoun(samples []SampleCheck) string {
+	var canaries, older int
+	for _, s := range samples {
+		switch s.Source {
+		case SourceCanary:
+			canaries++
+		case SourceNewest:
+			older++
+		}
+	}
+	if canaries == 0 && older == 0 {
+		return "completed keys"
+	}
+	return fmt.Sprintf("present-side samples (%d completed recently, %d canaries, %d older completed)", len(samples)-canaries-older, canaries, older)
 }
 
 // evidenceText is the check's evidence for an alert: which sample, what

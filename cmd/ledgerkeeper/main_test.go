@@ -105,6 +105,18 @@ func stuckKey(t *testing.T, db *pgtest.DB, tool, key string, ago time.Duration) 
 		VALUES ($1, $2, 'h', now() - $3::interval, now() - $3::interval, now() + interval '1 day')`, key, tool, ago)
 }
 
+// witnessKey inserts a key its tool server completed, whose ticket exists
+// downstream: the present-side sample that lets the probe's not_found
+// verdicts be believed.
+func witnessKey(t *testing.T, db *pgtest.DB, tk *tickets, tool, key string) {
+	t.Helper()
+	db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, status, response_code, response_body, expires_at)
+		VALUES ($1, $2, 'h', 'completed', 201, '{}', now() + interval '1 day')`, key, tool)
+	tk.mu.Lock()
+	defer tk.mu.Unlock()
+	tk.have[key] = 1
+}
+
 func status(t *testing.T, db *pgtest.DB, key string) string {
 	t.Helper()
 	k, err := ledger.Get(context.Background(), db.Pool, key)
@@ -231,6 +243,7 @@ func TestReconcileCommand(t *testing.T) {
 	stuckKey(t, db, "create_ticket", "wf-2:absent", time.Minute)
 	stuckKey(t, db, "create_ticket", "wf-3:young", 0)
 	tk.have["wf-1:found"] = 1
+	witnessKey(t, db, tk, "create_ticket", "wf-0:done")
 
 	// Dry run: probes, reports, changes nothing.
 	code, out, stderr := cli(t, "reconcile", "--dry-run", "--config", cfg, "--database-url", db.URL)
