@@ -321,7 +321,7 @@ func judge(r *CheckResult) {
 	switch {
 	case absentFailed || mostFailed:
 		r.Outcome = CheckUntrusted
-	case absentUnanswered || (n > 0 && passed == 0 && failed == 0):
+	case absentUnanswered || (n > 0 && passed == 0):
 		r.Outcome = CheckInconclusive
 	default:
 		r.Outcome = CheckTrusted
