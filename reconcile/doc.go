@@ -47,39 +47,55 @@
 // error, stats "stopped": true; reconcile_passes_total{result="stopped"}),
 // not failed.
 //
-// # Probe self-check
+// # Probe self-check and the bracket
 //
 // A verdict changes the ledger only when it is evidence, and a probe broken
 // on day one (a typo'd path, a renamed field, a filter the downstream
-// ignores, wrong credentials) answers wrongly for every key alike. So before
-// a pass writes any decision for a tool, the tool's probe is checked against
-// the ledger's own ground truth:
+// ignores, wrong credentials) or by a change in the world (an ingress that
+// begins answering every path with its own 404 page) answers wrongly for
+// every key alike. So the tool's probe is checked against the ledger's own
+// ground truth:
 //
-//	present side  up to self_check.samples keys of the tool that its tool
-//	              server completed itself (no reconciler or operator
-//	              decision in the audit) within self_check.max_age, newest
-//	              first: each must come back found, and every
-//	              response_body field both outcomes have must be equal
 //	absent side   one made-up key (SelfCheckKeyPrefix + random, with a
-//	              request body of the same shape and made-up values): it
-//	              must come back not_found
+//	              request body shaped like a sample's, a canary's or a due
+//	              key's, its values made up): it must come back not_found.
+//	              Probed first and alone: unanswered, no sample is sent
+//	present side  up to self_check.samples effects known to exist, in
+//	              order: keys of the tool its tool server completed itself
+//	              (no reconciler or operator decision in the audit) within
+//	              self_check.max_age, newest first; canaries (declared in
+//	              tools.T.probe.self_check.canaries, or marked with
+//	              `ledgerkeeper probe canary add`); the tool's newest key
+//	              completed by its tool server at any age (witness only: it
+//	              may be gone downstream, so its absence is no failure).
+//	              Each must come back found, every response_body field both
+//	              outcomes have equal
 //
 //	outcome       when                                  effect
 //	untrusted     the absent side failed, or most       no key of the tool
 //	              samples failed (all, when fewer       changes state; one
 //	              than three were drawn)                probe_untrusted alert
-//	inconclusive  the downstream did not answer the     no key changes state;
-//	              absent side, or answered no sample    unanswered probes
-//	              (probes.Unreachable)                  count for the breaker
+//	inconclusive  the absent side was not answered or   no key changes state;
+//	              could not be rendered, or samples     unanswered probes
+//	              were drawn and none was found         count for the breaker
 //	trusted       otherwise; failed samples are         verdicts are acted on;
 //	              disagreements (one record deleted     disagreements counted
 //	              or changed downstream), reported
 //
-// A trusted check is stored in probe_self_checks and vouches for
-// self_check.interval for the same probe configuration (Policy's
-// ProbeFingerprint), whichever replica made it; any other result is checked
-// again on the next pass. With no eligible key, the absent side decides
-// alone ("present side unverified").
+// Every batch of a tool's verdicts is bracketed (bracket.go): a check
+// trusted before its first probe (the opener: fresh for every pass, never a
+// stored one) and another sent after its last answer (the closer, which
+// opens the next batch: B batches cost B+1 checks). The batch's answers wait
+// in memory, under their leases, for the closer; a closer that is not
+// trusted gives the whole batch back (no attempt, no back-off, no audit row,
+// report action withheld_untrusted) and its probe_untrusted alert says what
+// changed since the opener. A not_found is applied only when both checks
+// saw a present-side sample come back found; otherwise it is held
+// (withheld_unwitnessed) and one probe_unwitnessed alert says how to add a
+// canary. found and duplicate verdicts need no witness. The bracket holds
+// for every pass alike: serve's, `reconcile`, `reconcile --key`, a
+// half-open trial. Checks are stored in probe_self_checks for `status` and
+// `probe check`; a stored check vouches for nothing.
 //
 // # Circuit breaker
 //
@@ -91,10 +107,15 @@
 // goes out for the tool (not one per key), keys left unprobed keep their
 // attempt counts and back-off, and per-key probe_failing alerts are held
 // back while it is open. After the cooldown the breaker is half-open: the
-// replica that claims the trial (tool_breakers.trial_until) sends one probe
-// (or the self-check, when one is due); unknown re-opens it, conclusive
-// closes it and resolves the alert. Within a pass the count is also kept in
-// memory, so that no probe starts after the verdict that will open it.
+// replica that claims the trial (tool_breakers.trial_until) runs the
+// opening self-check, whose made-up key goes first and alone: one request
+// to a downstream still down; unknown re-opens it, conclusive closes it and
+// resolves the alert. The self-check's unanswered probes are counted before
+// any key of the tool is probed, and when a closing check cannot conclude,
+// the batch's unanswered probes count too. Within a pass the count is also
+// kept in memory, so that no probe starts after the verdict that will open
+// it. An opening is logged, counted and alerted once, however many keys the
+// writer group that opened it held.
 //
 // # Evidence
 //
