@@ -17,6 +17,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
@@ -581,5 +582,49 @@ func TestResolvedAlertsCountsEveryResolution(t *testing.T) {
 	rep := run(t, s.engine(pol, reconcile.Config{}), reconcile.Options{})
 	if rep.ResolvedAlerts != 1 {
 		t.Fatalf("resolved_alerts = %d, want 1 (the probe_untrusted)", rep.ResolvedAlerts)
+	}
+}
+
+// A canary an operator marked (store.AddCanary, as `probe canary add`
+// does) witnesses presence like a declared one.
+func TestMarkedCanaryWitnessesPresence(t *testing.T) {
+	t.Parallel()
+	s := newBracketSetup(t)
+	s.db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, request_body, created_at, claimed_at, expires_at)
+		VALUES ('never-happened', 'create_ticket', 'h', '{"title":"x"}', now() - interval '1 minute', now() - interval '1 minute', now() + interval '1 day')`)
+	s.api.create("kept-ticket", "T-kept")
+	if _, err := store.AddCanary(bg, s.db.Pool, store.Canary{Tool: "create_ticket", Key: "kept-ticket", Reason: "kept for the self-check", Actor: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	rep := run(t, s.engine(reconcile.Policy{Probe: s.api.probeAt(t, goodProbePath), ProbeFingerprint: "v1"}, reconcile.Config{}), reconcile.Options{})
+	if r := row(t, s.db, "never-happened"); r.Status != ledger.StatusFailedRetryable {
+		t.Fatalf("key is %s, want failed_retryable witnessed by the marked canary (%+v)", r.Status, rep.Tools[0].SelfCheck)
+	}
+}
+
+// A probe that cannot be built for the made-up key (it reads a request
+// field and the due key has no request body to shape it on) asked the
+// downstream nothing: the check is inconclusive with the reason, never
+// untrusted, and no false probe_untrusted is raised.
+func TestUnrenderableMadeUpKeyIsInconclusive(t *testing.T) {
+	t.Parallel()
+	s := newBracketSetup(t)
+	s.db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, created_at, claimed_at, expires_at)
+		VALUES ('no-body', 'create_ticket', 'h', now() - interval '1 minute', now() - interval '1 minute', now() + interval '1 day')`)
+	pol := reconcile.Policy{Probe: s.api.probeAt(t, "/v1/tickets?idempotency_key={key}&ref={request.ref}"), ProbeFingerprint: "v1"}
+	rep := run(t, s.engine(pol, reconcile.Config{}), reconcile.Options{})
+	sc := rep.Tools[0].SelfCheck
+	if sc == nil || sc.Outcome != reconcile.CheckInconclusive || !sc.Absent.NotRendered || !strings.Contains(sc.Summary, "could not be rendered") {
+		t.Fatalf("self-check = %+v, want inconclusive: not rendered", sc)
+	}
+	if n := s.db.Count(t, `alert_outbox WHERE reason = 'probe_untrusted'`); n != 0 {
+		t.Fatal("an unrenderable made-up key raised probe_untrusted")
+	}
+	if n := s.db.Count(t, `tool_breakers WHERE consecutive_failures > 0`); n != 0 {
+		t.Fatal("a probe never sent was counted by the breaker")
+	}
+	untouched(t, s.db, "no-body")
+	if n := s.api.requests(); n != 0 {
+		t.Fatalf("the downstream got %d requests", n)
 	}
 }
