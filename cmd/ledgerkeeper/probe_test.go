@@ -316,7 +316,7 @@ type probeCheckDoc struct {
 }
 
 // `probe check` runs the self-check now: trusted (exit 0) on a good probe,
-// untrusted (exit 1) on a typo'd path whose 404s read as not_found,
+// untrusted (exit 1) on a typo'd path (its router's text 404s are unknown),
 // inconclusive (exit 1) when the downstream does not answer; it writes
 // nothing, and the URL's secret is never printed.
 //
@@ -368,13 +368,13 @@ func TestProbeCheck(t *testing.T) {
 		}
 	}
 
-	// The typo'd path: the router's 404 for every sample.
+	// The typo'd path: the router's text 404 for every sample, unknown.
 	code, out, stderr = cli(t, "probe", "check", "--config", typo, "--database-url", url)
 	if code != 1 || strings.Contains(out+stderr, probeSecret) {
 		t.Fatalf("probe check of a typo'd path: %d\n%s\n%s", code, out, stderr)
 	}
 	for _, want := range []string{"create_ticket: UNTRUSTED", "0 of 3 completed keys", "probe untrusted: no key of this tool changes state",
-		"k-done-1  found  not_found  NO"} {
+		"k-done-1  found  unknown  NO"} {
 		if !says(out, want) {
 			t.Errorf("untrusted probe check output lacks %q:\n%s", want, out)
 		}
@@ -463,7 +463,7 @@ func TestStatusShowsProbeSelfChecks(t *testing.T) {
 		t.Errorf("status does not lead with the untrusted probe:\n%s", out)
 	}
 	for _, want := range []string{"yes, UNTRUSTED", "Probe self-checks:", "create_ticket: untrusted at",
-		"k-done-1 (want found): got not_found", "probe check --tool create_ticket"} {
+		"k-done-1 (want found): got unknown", "probe check --tool create_ticket"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
@@ -481,8 +481,10 @@ func TestStatusShowsProbeSelfChecks(t *testing.T) {
 		} `json:"probe_self_checks"`
 		Warnings []string `json:"warnings"`
 	}
+	// Four failed: the three completed keys and the made-up one, whose
+	// router 404 is unknown, not absence.
 	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || len(st.ProbeChecks) != 1 || st.ProbeChecks[0].Outcome != "untrusted" ||
-		!st.ProbeChecks[0].Blocking || len(st.ProbeChecks[0].Failed) != 3 || len(st.Tools) != 1 || st.Tools[0].ProbeCheck != "untrusted" ||
+		!st.ProbeChecks[0].Blocking || len(st.ProbeChecks[0].Failed) != 4 || len(st.Tools) != 1 || st.Tools[0].ProbeCheck != "untrusted" ||
 		len(st.Warnings) == 0 || !strings.Contains(st.Warnings[0], "probe untrusted") {
 		t.Fatalf("status --json: %d %+v\n%s", code, st, out)
 	}
