@@ -16,11 +16,13 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/robfig/cron/v3"
 
@@ -117,12 +119,49 @@ type SelfCheck struct {
 	MaxAge Duration `yaml:"max_age" json:"max_age"`
 }
 
-// ProbeSelfCheck is one probe's self-check switch.
+// ProbeSelfCheck is one probe's self-check settings
+// (tools.T.probe.self_check).
 type ProbeSelfCheck struct {
 	// Enabled: false acts on the probe's verdicts unchecked. Dangerous: a
 	// probe broken on day one marks keys retryable whose effect happened.
 	// Default true.
 	Enabled *bool `yaml:"enabled" json:"enabled,omitempty"`
+	// Canaries are effects known to exist downstream (a ticket kept for
+	// the purpose): present-side witnesses the self-check probes besides
+	// the keys the tool server completed, for a tool that completes few.
+	// Each key is unique within the tool.
+	Canaries []Canary `yaml:"canaries" json:"canaries,omitempty"`
+	// RequireWitness: false applies not_found verdicts even when no sample
+	// of the self-checks around them came back found. Dangerous: a probe
+	// that finds nothing (a typo'd path answering 404) is then believed.
+	// Default true.
+	RequireWitness *bool `yaml:"require_witness" json:"require_witness,omitempty"`
+}
+
+// MaxCanaryKeyLen bounds a canary's key, as the ledger bounds an
+// Idempotency-Key.
+const MaxCanaryKeyLen = 128
+
+// Canary is one tools.T.probe.self_check.canaries entry.
+type Canary struct {
+	// Key is the idempotency key as the probe addresses the effect.
+	// Required, at most MaxCanaryKeyLen characters.
+	Key string `yaml:"key" json:"key"`
+	// Request is the request body the probe's {request.PATH} placeholders
+	// (or sql args) read; a mapping, written as YAML. Optional.
+	Request JSONObject `yaml:"request" json:"request,omitempty"`
+}
+
+// JSONObject is a YAML mapping held as the JSON object it denotes (a
+// request body). ${VAR} expands in its scalars, as everywhere.
+type JSONObject json.RawMessage
+
+// MarshalJSON writes the object itself.
+func (o JSONObject) MarshalJSON() ([]byte, error) {
+	if len(o) == 0 {
+		return []byte("null"), nil
+	}
+	return o, nil
 }
 
 // ToolDefaults apply to every tool that does not override them, and to keys
@@ -168,11 +207,28 @@ type Probe struct {
 	Timeout      Duration          `yaml:"timeout" json:"timeout"`
 	ResponseCode int               `yaml:"response_code" json:"response_code,omitempty"`
 	ResponseBody map[string]string `yaml:"response_body" json:"response_body,omitempty"`
-	// SelfCheck can turn the self-check off for this probe.
+	// NotFoundBody (http) is what a 404's JSON body must say for the 404
+	// to be absence, e.g. {path: error.code, equals: ticket_not_found}.
+	// Both fields are required when the block is present.
+	NotFoundBody *NotFoundBody `yaml:"not_found_body" json:"not_found_body,omitempty"`
+	// NotFoundOn404 (http) is json (default: a 404 is absence only with a
+	// JSON body) or any (every 404, even a router's error page; dangerous).
+	NotFoundOn404 string `yaml:"not_found_on_404" json:"not_found_on_404,omitempty"`
+	// SelfCheck tunes the self-check of this probe.
 	SelfCheck ProbeSelfCheck `yaml:"self_check" json:"self_check"`
 	// RateLimit bounds the probes one process sends to this downstream.
 	// Absent: no limit.
 	RateLimit *RateLimit `yaml:"rate_limit" json:"rate_limit,omitempty"`
+}
+
+// NotFoundBody is tools.T.probe.not_found_body: the member of a 404's
+// JSON body that says the effect is absent.
+type NotFoundBody struct {
+	// Path is a dotted path into the body, e.g. error.code.
+	Path string `yaml:"path" json:"path"`
+	// Equals is what the member holds: a string equal to it, or a number
+	// or boolean whose JSON text equals it.
+	Equals string `yaml:"equals" json:"equals"`
 }
 
 // RateLimit is a probe's token bucket (tools.T.probe.rate_limit). It holds
@@ -208,9 +264,44 @@ func (c *Config) checkRateLimits() Errors {
 	return errs
 }
 
+// checkCanaries refuses a canary the self-check could not probe: a key
+// that is missing, too long, or given twice within the tool.
+func (c *Config) checkCanaries() Errors {
+	var errs Errors
+	for _, name := range c.ToolNames() {
+		t := c.Tools[name]
+		if t.Probe == nil {
+			continue
+		}
+		seen := map[string]int{}
+		for i, cn := range t.Probe.SelfCheck.Canaries {
+			path := fmt.Sprintf("tools.%s.probe.self_check.canaries[%d].key", name, i)
+			switch {
+			case cn.Key == "":
+				errs = append(errs, c.errAt(path, "required: the idempotency key of an effect known to exist downstream"))
+			case utf8.RuneCountInString(cn.Key) > MaxCanaryKeyLen:
+				errs = append(errs, c.errAt(path, "longer than %d characters", MaxCanaryKeyLen))
+			default:
+				if j, dup := seen[cn.Key]; dup {
+					errs = append(errs, c.errAt(path, "key %q given twice (also canaries[%d])", cn.Key, j))
+				} else {
+					seen[cn.Key] = i
+				}
+			}
+		}
+	}
+	return errs
+}
+
 // SelfCheckEnabled reports whether the probe's verdicts are vetted by the
 // self-check (the default).
 func (p *Probe) SelfCheckEnabled() bool { return p.SelfCheck.Enabled == nil || *p.SelfCheck.Enabled }
+
+// WitnessRequired reports whether a not_found needs a sample seen found in
+// the self-checks around it (the default).
+func (p *Probe) WitnessRequired() bool {
+	return p.SelfCheck.RequireWitness == nil || *p.SelfCheck.RequireWitness
+}
 
 // Retention governs purge.
 type Retention struct {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"reflect"
@@ -198,6 +199,7 @@ func (c *Config) finish(env LookupEnv) error {
 	// print errors that quote them (ParseAll).
 	c.registerSecrets()
 	errs = append(errs, c.checkRateLimits()...)
+	errs = append(errs, c.checkCanaries()...)
 	if err := c.checkSchedules(); err != nil {
 		var more Errors
 		if errors.As(err, &more) {
@@ -284,6 +286,7 @@ type decoder struct {
 var (
 	durationType      = reflect.TypeOf(Duration(0))
 	slackOperatorType = reflect.TypeOf(SlackOperator{})
+	jsonObjectType    = reflect.TypeOf(JSONObject(nil))
 )
 
 func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
@@ -311,6 +314,10 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 		// The shorthand `U012ABC: alice`: the name, every action allowed.
 		d.lines[path+".name"] = n.Line
 		d.scalar(n, v.FieldByName("Name"), path+".name")
+		return
+	}
+	if v.Type() == jsonObjectType {
+		d.jsonObject(n, v, path)
 		return
 	}
 	switch v.Kind() {
@@ -447,6 +454,86 @@ func (d *decoder) scalar(n *yaml.Node, v reflect.Value, path string) {
 	default:
 		panic(fmt.Sprintf("config: unsupported field type %s at %s", v.Type(), path))
 	}
+}
+
+// jsonObject decodes a mapping into the JSON object it denotes. Scalars
+// keep their YAML types (a quoted "12" stays a string); ${VAR} expands in
+// them as in any scalar, the result staying a string.
+func (d *decoder) jsonObject(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.MappingNode {
+		d.fail(n, path, "expected a mapping (a JSON object), got %s", kindName(n))
+		return
+	}
+	doc, ok := d.jsonValue(n, path)
+	if !ok {
+		return
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		d.fail(n, path, "cannot be written as JSON: %v", err)
+		return
+	}
+	v.SetBytes(b)
+}
+
+// jsonValue converts a YAML node to what encoding/json writes; ok is false
+// after an error was recorded.
+func (d *decoder) jsonValue(n *yaml.Node, path string) (any, bool) {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		m := make(map[string]any, len(n.Content)/2)
+		ok := true
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, val := n.Content[i], n.Content[i+1]
+			p := join(path, k.Value)
+			if k.Kind != yaml.ScalarNode || k.ShortTag() == "!!merge" {
+				d.fail(k, p, "a member name must be a plain string")
+				ok = false
+				continue
+			}
+			if _, dup := m[k.Value]; dup {
+				d.fail(k, p, "key given twice")
+				ok = false
+				continue
+			}
+			x, good := d.jsonValue(val, p)
+			m[k.Value], ok = x, ok && good
+		}
+		return m, ok
+	case yaml.SequenceNode:
+		s := make([]any, len(n.Content))
+		ok := true
+		for i, item := range n.Content {
+			x, good := d.jsonValue(item, fmt.Sprintf("%s[%d]", path, i))
+			s[i], ok = x, ok && good
+		}
+		return s, ok
+	}
+	raw, vals, err := expand(n.Value, d.env)
+	if err != nil {
+		d.fail(n, path, "%v", err)
+		return nil, false
+	}
+	switch n.ShortTag() {
+	case "!!null":
+		return nil, true
+	case "!!bool", "!!int", "!!float":
+		var x any
+		if err := n.Decode(&x); err != nil {
+			d.fail(n, path, "%v", err)
+			return nil, false
+		}
+		if f, isFloat := x.(float64); isFloat && (math.IsInf(f, 0) || math.IsNaN(f)) {
+			d.fail(n, path, "%s is not a JSON number", n.Value)
+			return nil, false
+		}
+		return x, true
+	}
+	d.red.Register(vals...)
+	return raw, true
 }
 
 func kindName(n *yaml.Node) string {
