@@ -75,6 +75,7 @@ func applyDefaults(c *config.Config) {
 			t.Probe.Timeout = orDur(t.Probe.Timeout, probes.DefaultTimeout)
 			if t.Probe.Type == "http" {
 				t.Probe.Method = cmp.Or(strings.ToUpper(t.Probe.Method), "GET")
+				t.Probe.NotFoundOn404 = cmp.Or(t.Probe.NotFoundOn404, probes.NotFoundOn404JSON)
 			}
 		}
 		c.Tools[name] = t
@@ -205,6 +206,14 @@ func validate(c *config.Config) error {
 func validateProbe(c *config.Config, base string, p *config.Probe) []*config.Error {
 	var errs []*config.Error
 	add := func(path, format string, args ...any) { errs = append(errs, c.ErrorAt(path, format, args...)) }
+	notHTTP := func() {
+		if p.NotFoundBody != nil {
+			add(base+".not_found_body", "belongs to http probes (a 404's body)")
+		}
+		if p.NotFoundOn404 != "" {
+			add(base+".not_found_on_404", "belongs to http probes")
+		}
+	}
 	probe := func(err error) {
 		fes, ok := fielderr.All(err)
 		if !ok {
@@ -220,6 +229,7 @@ func validateProbe(c *config.Config, base string, p *config.Probe) []*config.Err
 		probe(probes.CheckHTTPSettings(probes.HTTPConfig{
 			URL: p.URL, Method: p.Method, Timeout: p.Timeout.D(), Match: p.Match,
 			ResponseCode: p.ResponseCode, ResponseBody: p.ResponseBody,
+			NotFoundOn404: p.NotFoundOn404, NotFoundBody: notFoundBody(p),
 		}))
 		if p.Query != "" || p.DatabaseURL != "" || len(p.Args) > 0 {
 			add(base, "query, database_url and args belong to sql probes")
@@ -235,6 +245,7 @@ func validateProbe(c *config.Config, base string, p *config.Probe) []*config.Err
 		if p.URL != "" || p.Match != "" || len(p.Headers) > 0 {
 			add(base, "url, match and headers belong to http probes")
 		}
+		notHTTP()
 	default:
 		switch p.Type {
 		case "go":
@@ -247,8 +258,43 @@ func validateProbe(c *config.Config, base string, p *config.Probe) []*config.Err
 			add(base+".timeout", "must be positive")
 		}
 		probe(probes.CheckAnswerSettings(p.Match, p.ResponseCode, p.ResponseBody))
+		notHTTP()
 	}
 	return errs
+}
+
+// notFoundBody is the probe's not_found_body for probes.HTTPConfig (nil:
+// none).
+func notFoundBody(p *config.Probe) *probes.NotFoundBody {
+	if p.NotFoundBody == nil {
+		return nil
+	}
+	return &probes.NotFoundBody{Path: p.NotFoundBody.Path, Equals: p.NotFoundBody.Equals}
+}
+
+// Warnings names the settings that are valid but dangerous, one line each
+// with the key's file and line, for `config check`: each one lets a broken
+// probe's not_found mark keys retryable whose effect happened.
+func Warnings(c *config.Config) []string {
+	var out []string
+	warn := func(path, msg string) { out = append(out, c.ErrorAt(path, "%s", msg).Error()) }
+	for _, name := range c.ToolNames() {
+		p := c.Tools[name].Probe
+		if p == nil {
+			continue
+		}
+		base := "tools." + name + ".probe."
+		if !p.SelfCheckEnabled() {
+			warn(base+"self_check.enabled", "false: verdicts are acted on unchecked; a probe broken on day one would mark keys retryable whose effect happened (dangerous)")
+		}
+		if p.NotFoundOn404 == probes.NotFoundOn404Any {
+			warn(base+"not_found_on_404", "any: every 404 counts as absence, even a router's or ingress's error page; only for an API whose 404s have no body")
+		}
+		if !p.WitnessRequired() {
+			warn(base+"self_check.require_witness", "false: not_found verdicts are applied with no witness that the probe can find anything; a typo'd path answering 404 would mark keys retryable whose effect happened (dangerous)")
+		}
+	}
+	return out
 }
 
 // PurgeConfig maps the retention section of the configuration onto the

@@ -52,6 +52,7 @@ func BuildProbes(ctx context.Context, cfg *config.Config, registry *probes.Regis
 			hp, err := probes.NewHTTP(probes.HTTPConfig{
 				URL: pc.URL, Method: pc.Method, Headers: headers, Timeout: pc.Timeout.D(), Match: pc.Match,
 				ResponseCode: pc.ResponseCode, ResponseBody: pc.ResponseBody, MaxBodyBytes: pc.MaxBodyBytes,
+				NotFoundOn404: pc.NotFoundOn404, NotFoundBody: notFoundBody(pc),
 				Client: &http.Client{Transport: tr},
 			})
 			if err != nil {
@@ -99,6 +100,18 @@ func rateLimit(p *config.Probe) reconcile.RateLimit {
 	return reconcile.RateLimit{RPS: p.RateLimit.RPS, Burst: p.RateLimit.Burst}
 }
 
+// canaries are a probe's tools.T.probe.self_check.canaries for the engine.
+func canaries(p *config.Probe) []reconcile.Canary {
+	if p == nil {
+		return nil
+	}
+	var out []reconcile.Canary
+	for _, c := range p.SelfCheck.Canaries {
+		out = append(out, reconcile.Canary{Key: c.Key, Request: json.RawMessage(c.Request)})
+	}
+	return out
+}
+
 type closerFunc func()
 
 func (f closerFunc) Close() error { f(); return nil }
@@ -134,6 +147,8 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 			Concurrency:           pol.Concurrency,
 			Probe:                 built[name],
 			RateLimit:             rateLimit(pol.Probe),
+			Canaries:              canaries(pol.Probe),
+			WitnessNotRequired:    pol.Probe != nil && !pol.Probe.WitnessRequired(),
 		}
 	}
 	r := cfg.Reconcile
@@ -169,7 +184,9 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 }
 
 // probeFingerprint identifies a probe's configuration, so that a stored
-// self-check vouches only for the configuration it checked. Secret-typed
+// self-check vouches only for the configuration it checked: every setting
+// of the probe block (not_found_body, not_found_on_404, the self-check's
+// canaries and require_witness included) enters it. Secret-typed
 // values (headers, database URLs) enter it masked: rotating a credential
 // does not by itself re-check (a wrong one shows as unknown verdicts and
 // opens the breaker).
