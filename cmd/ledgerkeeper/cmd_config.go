@@ -21,7 +21,9 @@ func newConfigCmd(a *app) *cobra.Command {
 		Short: "Validate the configuration and print the effective settings (secrets masked)",
 		Long: `Validate the configuration file and print the effective settings, defaults
 filled in and secrets masked. Exits 2 naming the file, line and key of every
-problem found.
+problem found. Settings that are valid but dangerous (a self-check turned
+off, not_found_on_404: any, self_check.require_witness: false) are named on
+stderr as warnings; they do not change the exit code.
 
 Nothing connects unless --connect is given: then each sql probe connects to
 its downstream and prepares its query there (without running it): PostgreSQL
@@ -41,6 +43,12 @@ downstream that cannot be reached exits 1.`,
 				return &configError{err}
 			}
 			closer.Close()
+			// Valid but dangerous settings: said on stderr, so that stdout
+			// stays the effective configuration; they do not change the
+			// exit code.
+			for _, w := range daemon.Warnings(a.cfg) {
+				fmt.Fprintf(a.stderr, "warning: %s\n", a.redactor().String(w))
+			}
 			var connected []string
 			if connect {
 				if connected, err = checkSQLProbes(cmd.Context(), a.cfg); err != nil {
