@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,9 +15,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
@@ -32,7 +35,7 @@ const maxExcerptRunes = 1000
 func newProbeCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "probe",
-		Short: "Probe a key by hand, or run the probes' self-check now (writes nothing)",
+		Short: "Probe a key by hand, run the probes' self-check now, or mark canaries",
 		Long: `Ask a tool's downstream what the reconciler would ask it, writing nothing:
 
   probe run KEY     probe one key, whatever its status, and show the request
@@ -43,9 +46,13 @@ func newProbeCmd(a *app) *cobra.Command {
                     come back not_found.
 
 Neither writes to the ledger, the audit trail, the alert outbox or the
-self-check record: what the reconciler does is unchanged.`,
+self-check record: what the reconciler does is unchanged.
+
+  probe canary      add, list or remove canaries: effects known to exist
+                    downstream that the self-check probes as present-side
+                    witnesses (audited).`,
 	}
-	cmd.AddCommand(newProbeRunCmd(a), newProbeCheckCmd(a))
+	cmd.AddCommand(newProbeRunCmd(a), newProbeCheckCmd(a), newProbeCanaryCmd(a))
 	parentOnly(cmd, false)
 	return cmd
 }
@@ -487,4 +494,327 @@ func printProbeCheck(w io.Writer, rep probeCheckReport) {
 		verdict = "NOT every checked probe is trusted"
 	}
 	fmt.Fprintf(w, "\n%d tool(s) checked: %s. Nothing was written.\n", len(rep.Tools), verdict)
+}
+
+// Canaries: effects known to exist downstream (a ticket kept for the
+// purpose, never deleted there) that a probe's self-check must find. A
+// tool's not_found verdicts are believed only when a present sample came
+// back found; a canary is that sample for a tool with no key completed
+// recently. Operators mark them here (stored in probe_canaries, audited);
+// the configuration may declare more (tools.T.probe.self_check.canaries).
+
+func newProbeCanaryCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "canary",
+		Short: "Add, list or remove canaries: effects known to exist downstream, probed by the self-check",
+		Long: `A canary is an effect known to exist downstream and to stay there (a ticket
+kept for the purpose, never deleted downstream). The probes' self-check
+probes a tool's canaries as present-side witnesses when no key of the tool
+was completed recently by its tool server: a tool's not_found verdicts are
+believed only when a present sample came back found.
+
+  probe canary add KEY --tool T --reason TEXT     mark one (audited)
+  probe canary list [--tool T]                    the marked and the configured ones
+  probe canary remove KEY --tool T --reason TEXT  unmark one (audited)`,
+	}
+	cmd.AddCommand(newProbeCanaryAddCmd(a), newProbeCanaryListCmd(a), newProbeCanaryRemoveCmd(a))
+	parentOnly(cmd, false)
+	return cmd
+}
+
+func newProbeCanaryAddCmd(a *app) *cobra.Command {
+	var tool, reason, request, actorFlag string
+	cmd := &cobra.Command{
+		Use:   "add KEY --tool T --reason TEXT [--request JSON] [--actor NAME]",
+		Short: "Mark an effect known to exist downstream as a canary of a tool's probe (audited)",
+		Long: `Mark KEY as a canary of tool T: an effect that exists downstream and will
+stay (never deleted there), which the self-check probes with T's probe as a
+present-side witness. KEY is the idempotency key as the probe addresses it;
+it need not be in the ledger. --request is the request body the probe's
+templates read ({request.…}), a JSON object; without it, the body of KEY's
+ledger row of tool T is stored, if there is one.
+
+Audited (canary_added) with --actor (default $USER) and --reason.
+
+Exit 0 when added; 1 when T already has this canary (nothing changed:
+remove it first to replace it) or the database is unreachable; 2 without
+--tool or --reason, for a --request that is not a JSON object, or for a
+tool that is not configured or has no probe.`,
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			key := argv[0]
+			if err := canaryFlags("add", tool, reason); err != nil {
+				return err
+			}
+			body, err := canaryRequest(request)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if err := a.load(); err != nil {
+				return err
+			}
+			if err := a.probeable(tool); err != nil {
+				return err
+			}
+			pool, err := a.ledgerPool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			who := actor(actorFlag)
+			c, err := store.AddCanary(ctx, pool, store.Canary{Tool: tool, Key: key, RequestBody: body, Reason: reason, Actor: who})
+			switch {
+			case errors.Is(err, store.ErrCanaryExists) && c.Actor == "":
+				// Removed again between the refused insert and the read.
+				return fmt.Errorf("refused: tool %s already had canary %q when you added it; nothing changed (see 'ledgerkeeper probe canary list --tool %s')", tool, key, tool)
+			case errors.Is(err, store.ErrCanaryExists):
+				return fmt.Errorf("refused: tool %s already has canary %q (added by %s at %s: %s); nothing changed. To replace it, remove it first: ledgerkeeper probe canary remove %s --tool %s --reason TEXT",
+					tool, key, c.Actor, ts(c.CreatedAt), c.Reason, key, tool)
+			case errors.Is(err, ledger.ErrInvalid):
+				return &usageError{fmt.Errorf("probe canary add: %w", err)}
+			case err != nil:
+				return err
+			}
+			fmt.Fprintf(a.stdout, "canary %s added for tool %s (by %s: %s); the self-check will probe it as a present-side witness\n", key, tool, who, reason)
+			if c.RequestBody == nil {
+				fmt.Fprintf(a.stdout, "note: no request body stored (no --request, and %s is not in the ledger under tool %s): a probe whose templates read the request will not find it\n", key, tool)
+			}
+			if a.declaredCanary(tool, key) {
+				fmt.Fprintf(a.stdout, "note: the configuration declares it too (tools.%s.probe.self_check.canaries)\n", tool)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&tool, "tool", "", "the tool whose probe must find KEY (required)")
+	f.StringVar(&reason, "reason", "", "why the effect exists and will stay (recorded in the audit trail; required)")
+	f.StringVar(&request, "request", "", "the request body the probe's templates read, a JSON object (default: KEY's ledger row's)")
+	f.StringVar(&actorFlag, "actor", "", "operator name for the audit trail (default $USER)")
+	return cmd
+}
+
+// canaryFlags refuses a canary change without its tool or reason (exit
+// 2), before anything connects.
+func canaryFlags(verb, tool, reason string) error {
+	switch {
+	case tool == "":
+		return usagef("probe canary %s: --tool is required (the tool whose probe the canary witnesses)", verb)
+	case reason == "":
+		return usagef("probe canary %s: --reason is required (it goes into the audit trail)", verb)
+	}
+	return nil
+}
+
+// canaryRequest checks --request: absent (nil), or a JSON object, the
+// shape of a request body the probe's templates read.
+func canaryRequest(request string) (json.RawMessage, error) {
+	if request == "" {
+		return nil, nil
+	}
+	var v any
+	if err := json.Unmarshal([]byte(request), &v); err != nil {
+		return nil, usagef("probe canary add: --request is not valid JSON (%v): give the request body as a JSON object, e.g. '{\"title\":\"canary\"}'", err)
+	}
+	if _, ok := v.(map[string]any); !ok {
+		return nil, usagef("probe canary add: --request must be a JSON object (the request body the probe's templates read), not %s", jsonKind(v))
+	}
+	return json.RawMessage(request), nil
+}
+
+// jsonKind names a decoded JSON value's type for a message.
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case []any:
+		return "an array"
+	case string:
+		return "a string"
+	case float64:
+		return "a number"
+	case bool:
+		return "a boolean"
+	}
+	return "an object"
+}
+
+// Canary sources in `probe canary list`.
+const (
+	canaryFromOperator = "operator"
+	canaryFromConfig   = "config"
+)
+
+// canaryEntry is one line of `probe canary list` (its --json document's
+// canaries). Actor, Reason and CreatedAt are an operator's canary's only.
+type canaryEntry struct {
+	Tool           string          `json:"tool"`
+	Key            string          `json:"key"`
+	Source         string          `json:"source"`
+	Actor          string          `json:"actor,omitempty"`
+	CreatedAt      *time.Time      `json:"created_at,omitempty"`
+	Reason         string          `json:"reason,omitempty"`
+	HasRequestBody bool            `json:"has_request_body"`
+	RequestBody    json.RawMessage `json:"request_body,omitempty"`
+}
+
+// canaryList is `probe canary list --json`'s document.
+type canaryList struct {
+	Canaries []canaryEntry `json:"canaries"`
+}
+
+func newProbeCanaryListCmd(a *app) *cobra.Command {
+	var (
+		tool   string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list [--tool T] [--json]",
+		Short: "List the canaries: marked by operators, and declared in the configuration",
+		Long: `List the canaries the self-check probes as present-side witnesses: those
+operators marked with 'probe canary add' (source operator: who, when, why)
+and those declared in the configuration (source config). Per canary: tool,
+key, and whether a request body is stored for the probe's templates.
+
+--tool lists one tool's (newest first); default: every tool's.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if err := a.load(); err != nil {
+				return err
+			}
+			pool, err := a.ledgerPool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			stored, err := store.Canaries(ctx, pool, tool)
+			if err != nil {
+				return err
+			}
+			list := canaryList{Canaries: []canaryEntry{}}
+			for _, c := range stored {
+				created := c.CreatedAt
+				list.Canaries = append(list.Canaries, canaryEntry{Tool: c.Tool, Key: c.Key, Source: canaryFromOperator, Actor: c.Actor,
+					CreatedAt: &created, Reason: c.Reason, HasRequestBody: c.RequestBody != nil, RequestBody: c.RequestBody})
+			}
+			list.Canaries = append(list.Canaries, a.configCanaries(tool)...)
+			if asJSON {
+				return a.writeJSON(list)
+			}
+			printCanaries(a.stdout, list, tool)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&tool, "tool", "", "list this tool's canaries only")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON document")
+	return cmd
+}
+
+// configCanaries lists the canaries the configuration declares
+// (tools.T.probe.self_check.canaries) for tool, or for every tool when
+// tool is "", by tool then in the configuration's order.
+func (a *app) configCanaries(tool string) []canaryEntry {
+	var out []canaryEntry
+	for _, name := range a.cfg.ToolNames() {
+		if tool != "" && name != tool {
+			continue
+		}
+		for _, c := range a.configCanaryList(name) {
+			out = append(out, canaryEntry{Tool: name, Key: c.Key, Source: canaryFromConfig,
+				HasRequestBody: len(c.Request) > 0, RequestBody: json.RawMessage(c.Request)})
+		}
+	}
+	return out
+}
+
+// configCanaryList is a tool's declared canaries (none without a probe).
+func (a *app) configCanaryList(tool string) []config.Canary {
+	t, ok := a.cfg.Tools[tool]
+	if !ok || t.Probe == nil {
+		return nil
+	}
+	return t.Probe.SelfCheck.Canaries
+}
+
+// declaredCanary reports whether the configuration declares key as a
+// canary of tool.
+func (a *app) declaredCanary(tool, key string) bool {
+	return slices.ContainsFunc(a.configCanaryList(tool), func(c config.Canary) bool { return c.Key == key })
+}
+
+func printCanaries(w io.Writer, list canaryList, tool string) {
+	if len(list.Canaries) == 0 {
+		scope := ""
+		if tool != "" {
+			scope = " for tool " + tool
+		}
+		fmt.Fprintf(w, "no canaries%s: add one with 'ledgerkeeper probe canary add KEY --tool T --reason TEXT'\n", scope)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOOL\tKEY\tSOURCE\tBY\tCREATED\tREQUEST BODY\tREASON")
+	for _, c := range list.Canaries {
+		by, created, reason := "-", "-", "-"
+		if c.Source == canaryFromOperator {
+			by, reason = c.Actor, oneLine(c.Reason, 200)
+		}
+		if c.CreatedAt != nil {
+			created = ts(*c.CreatedAt)
+		}
+		body := "none"
+		if c.HasRequestBody {
+			body = "stored"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Tool, c.Key, c.Source, by, created, body, reason)
+	}
+	tw.Flush()
+}
+
+func newProbeCanaryRemoveCmd(a *app) *cobra.Command {
+	var tool, reason, actorFlag string
+	cmd := &cobra.Command{
+		Use:   "remove KEY --tool T --reason TEXT [--actor NAME]",
+		Short: "Remove an operator's canary (audited)",
+		Long: `Remove canary KEY of tool T, marked with 'probe canary add' (one the
+configuration declares is removed from the configuration). Audited
+(canary_removed) with --actor (default $USER) and --reason; the audit row
+keeps who added it, when and why.
+
+Exit 0 when removed; 1 when T has no such canary (nothing changed) or the
+database is unreachable; 2 without --tool or --reason.`,
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			key := argv[0]
+			if err := canaryFlags("remove", tool, reason); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := a.ledgerPool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			who := actor(actorFlag)
+			c, err := store.RemoveCanary(ctx, pool, tool, key, who, reason)
+			switch {
+			case errors.Is(err, ledger.ErrNotFound) && a.declaredCanary(tool, key):
+				return fmt.Errorf("canary %q of tool %s is declared in the configuration, not marked by an operator; nothing changed: remove it from tools.%s.probe.self_check.canaries", key, tool, tool)
+			case errors.Is(err, ledger.ErrNotFound):
+				return fmt.Errorf("tool %s has no canary %q marked by an operator; nothing changed (see 'ledgerkeeper probe canary list --tool %s')", tool, key, tool)
+			case errors.Is(err, ledger.ErrInvalid):
+				return &usageError{fmt.Errorf("probe canary remove: %w", err)}
+			case err != nil:
+				return err
+			}
+			fmt.Fprintf(a.stdout, "canary %s removed from tool %s (by %s: %s); it was added by %s at %s: %s\n",
+				key, tool, who, reason, c.Actor, ts(c.CreatedAt), c.Reason)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&tool, "tool", "", "the canary's tool (required)")
+	f.StringVar(&reason, "reason", "", "why (recorded in the audit trail; required)")
+	f.StringVar(&actorFlag, "actor", "", "operator name for the audit trail (default $USER)")
+	return cmd
 }

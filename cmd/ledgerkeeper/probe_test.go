@@ -123,7 +123,7 @@ func completedKey(t *testing.T, db *pgtest.DB, tool, key, ticket string) {
 func snapshot(t *testing.T, db *pgtest.DB) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	for _, table := range []string{"idempotency_keys", "reconcile_state", "reconcile_audit", "alert_outbox", "alert_state", "probe_self_checks", "tool_breakers"} {
+	for _, table := range []string{"idempotency_keys", "reconcile_state", "reconcile_audit", "alert_outbox", "alert_state", "probe_self_checks", "tool_breakers", "probe_canaries"} {
 		var n int
 		var digest string
 		err := db.Pool.QueryRow(context.Background(), `SELECT count(*), coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM `+table+` t`).Scan(&n, &digest)
