@@ -490,7 +490,8 @@ func TestStatusShowsProbeSelfChecks(t *testing.T) {
 	}
 
 	// The fixed probe: trusted, with one disagreement (k-done-0 is gone
-	// downstream), which does not block the tool.
+	// downstream) seen by each check of the batch's bracket (the count
+	// adds up per check), which does not block the tool.
 	if code, out, stderr := cli(t, "reconcile", "--no-alerts", "--config", good, "--database-url", url); code != 0 {
 		t.Fatalf("reconcile: %d %s %s", code, out, stderr)
 	}
@@ -498,7 +499,7 @@ func TestStatusShowsProbeSelfChecks(t *testing.T) {
 		t.Fatal("k-stuck not completed under the trusted probe")
 	}
 	code, out, _ = cli(t, "status", "--config", good, "--database-url", url)
-	for _, want := range []string{"create_ticket: trusted at", "yes, trusted", "1 disagreement(s)", "latest: k-done-0", "probe run KEY"} {
+	for _, want := range []string{"create_ticket: trusted at", "yes, trusted", "2 disagreement(s)", "latest: k-done-0", "probe run KEY"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
