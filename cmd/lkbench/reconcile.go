@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -33,15 +34,19 @@ import (
 // HTTP downstream on two clusters started side by side: one with fsync and
 // synchronous_commit off (the test harness's, where reconcile/bench_test.go
 // runs) and one durable (production's). Passes alternate between them, so
-// both see the same machine at the same moment.
+// both see the same machine at the same moment. With --bracket both (the
+// default) every measured pass is run twice on the same cluster, back to
+// back and in alternating order: once with the self-check bracket around
+// every batch of verdicts (reconcile/bracket.go) and once without.
 func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	keys := fs.Int("keys", 10_000, "stuck keys per pass")
 	concurrency := fs.Int("concurrency", 32, "reconcile.concurrency (the pool has concurrency+4 connections, the daemon's default)")
 	latency := fs.Duration("latency", 20*time.Millisecond, "the downstream's answer time")
-	passes := fs.Int("passes", 3, "measured passes per cluster (alternating), after one warm-up pass each")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured passes (both clusters) to FILE")
+	passes := fs.Int("passes", 3, "measured passes per cluster and variant (alternating), after one warm-up pass each")
+	bracket := fs.String("bracket", "both", "the self-check bracket around each batch of verdicts: on, off (Policy.SelfCheckDisabled), or both side by side")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured passes (every cluster and variant) to FILE")
 	jsonOut := fs.String("json", "", "also write the results as JSON to FILE")
 	planCache := fs.String("plan-cache-mode", "", "set plan_cache_mode for the benchmark database (auto, force_custom_plan, force_generic_plan; default: the server's)")
 	if err := fs.Parse(args); err != nil {
@@ -49,6 +54,10 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if *keys < 2 || *concurrency < 1 || *passes < 1 || *latency <= 0 {
 		return fmt.Errorf("--keys must be at least 2, --concurrency and --passes at least 1, --latency positive")
+	}
+	variants, err := bracketVariants(*bracket)
+	if err != nil {
+		return err
 	}
 	logf := logger(stderr)
 
@@ -66,9 +75,9 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		durable bool
 		srv     *server
 		pool    *pgxpool.Pool
-		engine  *reconcile.Engine
+		engines map[string]*reconcile.Engine // by variant
 		pg      *pgCPU
-		runs    []passResult
+		runs    map[string][]passResult // by variant
 	}
 	clusters := []*cluster{{name: "fsync off, synchronous_commit off", durable: false}, {name: "fsync on, synchronous_commit on", durable: true}}
 	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
@@ -122,17 +131,23 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return err
 		}
 		defer hp.Close()
-		c.engine = reconcile.New(reconcile.Config{
-			Actor:       "lkbench",
-			Concurrency: *concurrency,
-			BackoffBase: time.Hour,
-			Tools: map[string]reconcile.Policy{"create_ticket": {
-				ProcessingWindow: time.Minute, Concurrency: *concurrency, Probe: hp, SelfCheckDisabled: true,
-			}},
-		}, c.pool, slog.New(slog.NewJSONHandler(devNull, nil)), nil)
+		// One engine per variant on the same pool and probe: they differ
+		// only in the tool's SelfCheckDisabled.
+		c.engines, c.runs = map[string]*reconcile.Engine{}, map[string][]passResult{}
+		for _, v := range variants {
+			c.engines[v] = reconcile.New(reconcile.Config{
+				Actor:       "lkbench",
+				Concurrency: *concurrency,
+				BackoffBase: time.Hour,
+				Tools: map[string]reconcile.Policy{"create_ticket": {
+					ProcessingWindow: time.Minute, Concurrency: *concurrency, Probe: hp, SelfCheckDisabled: v == bracketOff,
+				}},
+			}, c.pool, slog.New(slog.NewJSONHandler(devNull, nil)), nil)
+		}
 	}
 
-	pass := func(c *cluster, n int) (passResult, error) {
+	pass := func(c *cluster, variant string, n int) (passResult, error) {
+		name := c.name + ", bracket " + variant
 		if err := stuckKeys(ctx, c.pool, n); err != nil {
 			return passResult{}, err
 		}
@@ -153,7 +168,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		self0 := selfCPU()
 		start := time.Now()
-		rep, err := c.engine.Run(ctx, reconcile.Options{})
+		rep, err := c.engines[variant].Run(ctx, reconcile.Options{})
 		el := time.Since(start)
 		self := selfCPU() - self0
 		cpu1, err2 := c.pg.sample()
@@ -163,10 +178,8 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err2 != nil {
 			return passResult{}, err2
 		}
-		done, retry := rep.Actions[reconcile.ActionCompleted], rep.Actions[reconcile.ActionMarkedRetryable]
-		if rep.Decided != n || done != n/2 || retry != n-n/2 {
-			return passResult{}, fmt.Errorf("%s: pass over %d keys decided %d (%d completed, %d marked retryable; actions %v)",
-				c.name, n, rep.Decided, done, retry, rep.Actions)
+		if err := checkPass(rep, n, variant); err != nil {
+			return passResult{}, fmt.Errorf("%s: %w", name, err)
 		}
 		dsCPU1, err := ds.cpu()
 		if err != nil {
@@ -176,21 +189,25 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err != nil {
 			return passResult{}, err
 		}
-		if got := hits1 - hits0; got != int64(n) {
-			return passResult{}, fmt.Errorf("%s: the downstream saw %d requests for %d keys", c.name, got, n)
+		seen := hits1.minus(hits0)
+		if err := checkDownstream(seen, n, variant); err != nil {
+			return passResult{}, fmt.Errorf("%s: %w", name, err)
 		}
 		stmts, err := topStatements(ctx, c.pool, 8)
 		if err != nil {
 			return passResult{}, err
 		}
-		return passResult{Keys: n, Seconds: el.Seconds(), KeysPerSec: float64(n) / el.Seconds(),
+		return passResult{Bracket: variant, Keys: n, Seconds: el.Seconds(), KeysPerSec: float64(n) / el.Seconds(),
+			Checks: seen.MadeUp, WitnessProbes: seen.Witnesses,
 			GoCPU: self, PGCPU: cpu1 - cpu0, DownstreamCPU: dsCPU1 - dsCPU0, Statements: stmts}, nil
 	}
 
 	for _, c := range clusters {
-		logf("%s: warm-up pass", c.name)
-		if _, err := pass(c, 4**concurrency); err != nil {
-			return err
+		for _, v := range variants {
+			logf("%s, bracket %s: warm-up pass", c.name, v)
+			if _, err := pass(c, v, 4**concurrency); err != nil {
+				return err
+			}
 		}
 	}
 	stopProfile, err := startCPUProfile(*cpuProfile)
@@ -203,39 +220,64 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for i := range *passes {
 		for j := range clusters {
 			c := clusters[(i+j)%len(clusters)] // alternate which goes first
-			r, err := pass(c, *keys)
-			if err != nil {
-				return err
+			for k := range variants {
+				v := variants[(i+k)%len(variants)] // and which variant goes first on it
+				r, err := pass(c, v, *keys)
+				if err != nil {
+					return err
+				}
+				c.runs[v] = append(c.runs[v], r)
+				loads = append(loads, loadAvg())
+				logf("%s, bracket %s: pass %d: %.0f keys/s, %d self-checks, %.0f µs CPU/key (Go %.0f, PostgreSQL %.0f), load %s",
+					c.name, v, i+1, r.KeysPerSec, r.Checks, (r.GoCPU+r.PGCPU).Seconds()*1e6/float64(r.Keys),
+					r.GoCPU.Seconds()*1e6/float64(r.Keys), r.PGCPU.Seconds()*1e6/float64(r.Keys), loads[len(loads)-1])
 			}
-			c.runs = append(c.runs, r)
-			loads = append(loads, loadAvg())
-			logf("%s: pass %d: %.0f keys/s, %.0f µs CPU/key (Go %.0f, PostgreSQL %.0f), load %s", c.name, i+1, r.KeysPerSec,
-				(r.GoCPU+r.PGCPU).Seconds()*1e6/float64(r.Keys), r.GoCPU.Seconds()*1e6/float64(r.Keys), r.PGCPU.Seconds()*1e6/float64(r.Keys), loads[len(loads)-1])
 		}
 	}
+	load1 := loadAvg()
 	ideal := float64(*concurrency) / latency.Seconds()
 	out := reconcileReport{Keys: *keys, Concurrency: *concurrency, LatencyMs: ms(*latency), Ideal: ideal,
-		LoadBefore: load0, LoadDuring: loads}
+		LoadBefore: load0, LoadDuring: loads, LoadAfter: load1, DurableRatio: map[string]float64{}}
+	bySlot := map[string]clusterSummary{}
 	for _, c := range clusters {
-		s := summarise(c.name, c.runs, ideal)
-		out.Clusters = append(out.Clusters, s)
+		for _, v := range variants {
+			s := summarise(c.name, c.runs[v], ideal)
+			s.Bracket = v
+			bySlot[c.name+"/"+v] = s
+			out.Clusters = append(out.Clusters, s)
+		}
+		if len(variants) == 2 {
+			out.BracketRatios = append(out.BracketRatios, bracketRatioOf(c.name, bySlot[c.name+"/"+bracketOn], bySlot[c.name+"/"+bracketOff]))
+		}
 	}
-	if len(out.Clusters) == 2 && out.Clusters[0].KeysPerSec > 0 {
-		out.DurableRatio = round2(out.Clusters[1].KeysPerSec / out.Clusters[0].KeysPerSec)
+	for _, v := range variants {
+		if non, dur := bySlot[clusters[0].name+"/"+v], bySlot[clusters[1].name+"/"+v]; non.KeysPerSec > 0 {
+			out.DurableRatio[v] = round2(dur.KeysPerSec / non.KeysPerSec)
+		}
 	}
-	fmt.Fprintf(stdout, "reconcile pass over %d stuck keys, concurrency %d, downstream %s: ideal %.0f keys/s; load before %s\n\n",
-		*keys, *concurrency, latency, ideal, load0)
+	fmt.Fprintf(stdout, "reconcile pass over %d stuck keys, concurrency %d, downstream %s: ideal %.0f keys/s; load before %s, after %s\n\n",
+		*keys, *concurrency, latency, ideal, load0, load1)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "cluster\tpasses\tkeys/s (median)\tkeys/s (range)\tof ideal\tCPU µs/key\tengine µs/key\tPostgreSQL µs/key\tdownstream µs/key (apart)\t")
+	fmt.Fprintln(tw, "cluster\tbracket\tpasses\tkeys/s (median)\tkeys/s (range)\tof ideal\tself-checks per pass\tCPU µs/key\tengine µs/key\tPostgreSQL µs/key\tdownstream µs/key (apart)\t")
 	for _, s := range out.Clusters {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f–%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", s.Name, len(s.Passes), s.KeysPerSec, s.MinKeysPerSec, s.MaxKeysPerSec,
-			s.OfIdeal, s.CPUPerKeyUs, s.GoCPUPerKeyUs, s.PGCPUPerKeyUs, s.DownstreamUs)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.0f–%.0f\t%.2f\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t\n", s.Name, s.Bracket, len(s.Passes), s.KeysPerSec, s.MinKeysPerSec, s.MaxKeysPerSec,
+			s.OfIdeal, checksText(s.Passes), s.CPUPerKeyUs, s.GoCPUPerKeyUs, s.PGCPUPerKeyUs, s.DownstreamUs)
 	}
 	tw.Flush()
-	fmt.Fprintf(stdout, "\ndurable / non-durable keys/s: %.2f; load during: %s\n", out.DurableRatio, strings.Join(loads, " | "))
+	fmt.Fprintln(stdout)
+	for _, r := range out.BracketRatios {
+		fmt.Fprintf(stdout, "%s: bracket on / off keys/s: %.2f (medians); back-to-back pairs: median %.2f, range %.2f–%.2f\n",
+			r.Cluster, r.OnOverOff, r.PairMedian, r.PairMin, r.PairMax)
+	}
+	for _, v := range variants {
+		if d, ok := out.DurableRatio[v]; ok {
+			fmt.Fprintf(stdout, "bracket %s: durable / non-durable keys/s: %.2f\n", v, d)
+		}
+	}
+	fmt.Fprintf(stdout, "load during: %s\n", strings.Join(loads, " | "))
 	for _, s := range out.Clusters {
 		last := s.Passes[len(s.Passes)-1]
-		fmt.Fprintf(stdout, "\n%s, last pass: PostgreSQL statements by execution time (pg_stat_statements)\n", s.Name)
+		fmt.Fprintf(stdout, "\n%s, bracket %s, last pass: PostgreSQL statements by execution time (pg_stat_statements)\n", s.Name, s.Bracket)
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "calls\tper key\ttotal ms\tmean ms\tstatement")
 		for _, st := range last.Statements {
@@ -250,7 +292,114 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return nil
 }
 
+// The variants of --bracket: the engine with the self-check bracket around
+// every batch of verdicts, and without (Policy.SelfCheckDisabled: verdicts
+// go straight to the writers, the cost of a pass when a stored check
+// vouched for ten minutes).
+const (
+	bracketOn  = "on"
+	bracketOff = "off"
+)
+
+func bracketVariants(flag string) ([]string, error) {
+	switch flag {
+	case "both":
+		return []string{bracketOff, bracketOn}, nil
+	case bracketOn, bracketOff:
+		return []string{flag}, nil
+	}
+	return nil, fmt.Errorf("--bracket must be on, off or both, not %q", flag)
+}
+
+// checkPass verifies a pass's report: every stuck key decided (none
+// withheld by the bracket), half completed, half marked retryable; with the
+// bracket, its last check trusted and witnessed.
+func checkPass(rep reconcile.Report, n int, variant string) error {
+	var withheld []string
+	for a, k := range rep.Actions {
+		if strings.HasPrefix(a, "withheld_") && k > 0 {
+			withheld = append(withheld, fmt.Sprintf("%s %d", a, k))
+		}
+	}
+	if rep.Withheld != 0 || len(withheld) > 0 {
+		return fmt.Errorf("%d keys withheld (%s): the bracket gave verdicts back; tool reports %+v", rep.Withheld, strings.Join(withheld, ", "), rep.Tools)
+	}
+	done, retry := rep.Actions[reconcile.ActionCompleted], rep.Actions[reconcile.ActionMarkedRetryable]
+	if rep.Decided != n || done != n/2 || retry != n-n/2 {
+		return fmt.Errorf("pass over %d keys decided %d (%d completed, %d marked retryable; actions %v)", n, rep.Decided, done, retry, rep.Actions)
+	}
+	if variant == bracketOn {
+		if len(rep.Tools) != 1 || rep.Tools[0].SelfCheck == nil {
+			return fmt.Errorf("no self-check in the pass's report: %+v", rep.Tools)
+		}
+		if sc := rep.Tools[0].SelfCheck; !sc.Trusted() || !sc.Witnessed() {
+			return fmt.Errorf("last self-check not trusted and witnessed: %s", sc.Summary)
+		}
+	}
+	return nil
+}
+
+// checkDownstream verifies what the downstream saw during a pass: one
+// lookup per stuck key; with the bracket, at least the opener and one
+// closer (B+1 checks for B batches), each a made-up key and every witness.
+func checkDownstream(seen downstreamHits, n int, variant string) error {
+	if seen.Keys != int64(n) {
+		return fmt.Errorf("the downstream saw %d lookups of stuck keys for %d keys", seen.Keys, n)
+	}
+	switch {
+	case variant == bracketOff && (seen.MadeUp != 0 || seen.Witnesses != 0):
+		return fmt.Errorf("without the bracket the downstream saw %d made-up keys and %d witness lookups", seen.MadeUp, seen.Witnesses)
+	case variant == bracketOn && seen.MadeUp < 2:
+		return fmt.Errorf("with the bracket the downstream saw %d self-checks (made-up keys), want at least 2 (opener and closer)", seen.MadeUp)
+	case variant == bracketOn && seen.Witnesses != witnessKeys*seen.MadeUp:
+		return fmt.Errorf("with the bracket the downstream saw %d witness lookups for %d self-checks, want %d each", seen.Witnesses, seen.MadeUp, witnessKeys)
+	}
+	return nil
+}
+
+// checksText lists the self-checks of each pass ("-" without the bracket).
+func checksText(runs []passResult) string {
+	var parts []string
+	for _, r := range runs {
+		if r.Bracket != bracketOn {
+			return "-"
+		}
+		parts = append(parts, strconv.FormatInt(r.Checks, 10))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// bracketRatio is one cluster's throughput with the bracket over without.
+type bracketRatio struct {
+	Cluster string `json:"cluster"`
+	// OnOverOff is the ratio of the variants' medians.
+	OnOverOff float64 `json:"on_over_off"`
+	// Pair*: the ratio of each measured pass with the bracket over the one
+	// without run beside it on the same cluster.
+	PairRatios []float64 `json:"pair_ratios"`
+	PairMedian float64   `json:"pair_median"`
+	PairMin    float64   `json:"pair_min"`
+	PairMax    float64   `json:"pair_max"`
+}
+
+func bracketRatioOf(cluster string, on, off clusterSummary) bracketRatio {
+	r := bracketRatio{Cluster: cluster}
+	if off.KeysPerSec > 0 {
+		r.OnOverOff = round2(on.KeysPerSec / off.KeysPerSec)
+	}
+	for i := range min(len(on.Passes), len(off.Passes)) {
+		r.PairRatios = append(r.PairRatios, round2(on.Passes[i].KeysPerSec/off.Passes[i].KeysPerSec))
+	}
+	if len(r.PairRatios) > 0 {
+		sorted := slices.Sorted(slices.Values(r.PairRatios))
+		r.PairMedian, r.PairMin, r.PairMax = sorted[len(sorted)/2], sorted[0], sorted[len(sorted)-1]
+	}
+	return r
+}
+
 type passResult struct {
+	// Bracket is the variant: on (the self-check bracket) or off.
+	Bracket    string        `json:"bracket"`
 	Keys       int           `json:"keys"`
 	Seconds    float64       `json:"seconds"`
 	KeysPerSec float64       `json:"keys_per_sec"`
@@ -259,7 +408,11 @@ type passResult struct {
 	// DownstreamCPU is the downstream's process, not counted in the
 	// others: it is the benchmark's, not ledgerkeeper's.
 	DownstreamCPU time.Duration `json:"downstream_cpu_ns"`
-	Statements    []statement   `json:"statements"`
+	// Checks counts the self-checks the downstream saw (one made-up key
+	// each); WitnessProbes the lookups of witness keys they made.
+	Checks        int64       `json:"self_checks"`
+	WitnessProbes int64       `json:"witness_probes"`
+	Statements    []statement `json:"statements"`
 }
 
 // statement is one line of pg_stat_statements over a pass.
@@ -294,6 +447,7 @@ func topStatements(ctx context.Context, db *pgxpool.Pool, n int) ([]statement, e
 
 type clusterSummary struct {
 	Name          string       `json:"name"`
+	Bracket       string       `json:"bracket"`
 	Passes        []passResult `json:"passes"`
 	KeysPerSec    float64      `json:"keys_per_sec_median"`
 	MinKeysPerSec float64      `json:"keys_per_sec_min"`
@@ -306,14 +460,18 @@ type clusterSummary struct {
 }
 
 type reconcileReport struct {
-	Keys         int              `json:"keys"`
-	Concurrency  int              `json:"concurrency"`
-	LatencyMs    float64          `json:"latency_ms"`
-	Ideal        float64          `json:"ideal_keys_per_sec"`
-	Clusters     []clusterSummary `json:"clusters"`
-	DurableRatio float64          `json:"durable_over_non_durable"`
-	LoadBefore   string           `json:"load_before"`
-	LoadDuring   []string         `json:"load_during"`
+	Keys        int     `json:"keys"`
+	Concurrency int     `json:"concurrency"`
+	LatencyMs   float64 `json:"latency_ms"`
+	Ideal       float64 `json:"ideal_keys_per_sec"`
+	// Clusters has one summary per cluster and variant.
+	Clusters      []clusterSummary `json:"clusters"`
+	BracketRatios []bracketRatio   `json:"bracket_on_over_off,omitempty"`
+	// DurableRatio is durable over non-durable keys/s, by variant.
+	DurableRatio map[string]float64 `json:"durable_over_non_durable"`
+	LoadBefore   string             `json:"load_before"`
+	LoadDuring   []string           `json:"load_during"`
+	LoadAfter    string             `json:"load_after"`
 }
 
 func summarise(name string, runs []passResult, ideal float64) clusterSummary {
@@ -328,14 +486,7 @@ func summarise(name string, runs []passResult, ideal float64) clusterSummary {
 		goCPU += r.GoCPU
 		pgCPU += r.PGCPU
 	}
-	sorted := append([]float64(nil), rates...)
-	for i := range sorted { // a handful of passes
-		for j := i + 1; j < len(sorted); j++ {
-			if sorted[j] < sorted[i] {
-				sorted[i], sorted[j] = sorted[j], sorted[i]
-			}
-		}
-	}
+	sorted := slices.Sorted(slices.Values(rates))
 	s.KeysPerSec = sorted[len(sorted)/2]
 	s.MinKeysPerSec, s.MaxKeysPerSec = sorted[0], sorted[len(sorted)-1]
 	s.OfIdeal = round2(s.KeysPerSec / ideal)
@@ -347,31 +498,52 @@ func summarise(name string, runs []passResult, ideal float64) clusterSummary {
 }
 
 // stuckKeys replaces the ledger with n keys of create_ticket, processing
-// and claimed an hour ago; keys ending in an even digit exist downstream.
+// and claimed an hour ago (keys ending in an even digit exist downstream),
+// and the witnesses.
 func stuckKeys(ctx context.Context, db *pgxpool.Pool, n int) error {
-	for _, q := range []string{
-		`TRUNCATE idempotency_keys, reconcile_state, reconcile_audit`,
-		`INSERT INTO idempotency_keys (key, tool, request_hash, request_body, created_at, claimed_at, expires_at)
+	for _, st := range []struct {
+		q    string
+		args []any
+	}{
+		{q: `TRUNCATE idempotency_keys, reconcile_state, reconcile_audit, probe_self_checks`},
+		{q: `INSERT INTO idempotency_keys (key, tool, request_hash, request_body, created_at, claimed_at, expires_at)
 		SELECT 'rk-' || lpad(i::text, 7, '0'), 'create_ticket', md5(i::text),
 		       jsonb_build_object('customer_id', 'cus_' || (i % 1000), 'summary', 'bench ticket ' || i),
 		       now() - interval '1 hour' + i * interval '1 ms', now() - interval '1 hour' + i * interval '1 ms',
 		       now() + interval '1 day'
-		FROM generate_series(1, $1::int) AS i`,
-		`VACUUM ANALYZE idempotency_keys, reconcile_state, reconcile_audit`,
-		`CHECKPOINT`, // so no pass pays for another's dirty pages
+		FROM generate_series(1, $1::int) AS i`, args: []any{n}},
+		// The self-check's present side: keys completed by their tool
+		// server a minute ago (no reconciler audit row), the newest of the
+		// tool, stored with the response_body the probe maps from the
+		// downstream's ticket. Inserted for both variants, so that they
+		// run on the same data; only the bracket's checks read them.
+		{q: `INSERT INTO idempotency_keys (key, tool, request_hash, request_body, status, response_code, response_body,
+		       created_at, claimed_at, updated_at, expires_at)
+		SELECT k, 'create_ticket', md5(k), jsonb_build_object('customer_id', 'cus_witness', 'summary', 'witness ticket ' || i),
+		       'completed', 201, jsonb_build_object('ticket_id', 'T-' || k, 'created_at', $2::text),
+		       now() - interval '1 minute', now() - interval '1 minute', now() - interval '1 minute', now() + interval '1 day'
+		FROM generate_series(1, $1::int) AS i, LATERAL (SELECT $3::text || (2 * i)::text AS k) w`,
+			args: []any{witnessKeys, ticketCreatedAt, witnessPrefix}},
+		{q: `VACUUM ANALYZE idempotency_keys, reconcile_state, reconcile_audit`},
+		{q: `CHECKPOINT`}, // so no pass pays for another's dirty pages
 	} {
-		var err error
-		if strings.Contains(q, "$1") {
-			_, err = db.Exec(ctx, q, n)
-		} else {
-			_, err = db.Exec(ctx, q)
-		}
-		if err != nil {
+		if _, err := db.Exec(ctx, st.q, st.args...); err != nil {
 			return fmt.Errorf("load stuck keys: %w", err)
 		}
 	}
 	return nil
 }
+
+// Witnesses: keys completed by their tool server whose tickets exist
+// downstream (their names end in an even digit), as many as the engine's
+// default self-check samples, so that every check probes each of them.
+const (
+	witnessPrefix = "lkbench-witness-"
+	witnessKeys   = reconcile.DefaultSelfCheckSamples
+	// ticketCreatedAt is every downstream ticket's created_at, stored
+	// alike in the witnesses' response_body.
+	ticketCreatedAt = "2026-11-30T04:00:00Z"
+)
 
 // downstreamEnv makes lkbench reconcile serve the downstream instead: the
 // parent runs it as a child process, so that the engine's CPU (the lkbench
@@ -415,22 +587,38 @@ func startDownstream(latency time.Duration) (*downstreamProc, error) {
 	return d, nil
 }
 
+// downstreamHits counts the lookups the downstream answered, by kind of
+// key.
+type downstreamHits struct {
+	// Keys: the stuck keys (and anything else).
+	Keys int64 `json:"keys"`
+	// MadeUp: self-checks' made-up keys (reconcile.SelfCheckKeyPrefix),
+	// one per check.
+	MadeUp int64 `json:"made_up"`
+	// Witnesses: the witness keys (witnessPrefix).
+	Witnesses int64 `json:"witnesses"`
+}
+
+func (h downstreamHits) minus(o downstreamHits) downstreamHits {
+	return downstreamHits{Keys: h.Keys - o.Keys, MadeUp: h.MadeUp - o.MadeUp, Witnesses: h.Witnesses - o.Witnesses}
+}
+
 // hits asks the downstream how many lookups it has answered.
-func (d *downstreamProc) hits(ctx context.Context) (int64, error) {
+func (d *downstreamProc) hits(ctx context.Context) (downstreamHits, error) {
+	var h downstreamHits
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.url+"/hits", nil)
 	if err != nil {
-		return 0, err
+		return h, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return h, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		return h, fmt.Errorf("downstream /hits: %w", err)
 	}
-	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return h, nil
 }
 
 // cpu is the downstream process's user+system CPU so far.
@@ -449,7 +637,7 @@ func serveDownstream(latency time.Duration, stdout io.Writer) error {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", ds)
 	mux.HandleFunc("/hits", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, ds.hits.Load())
+		_ = json.NewEncoder(w).Encode(downstreamHits{Keys: ds.keys.Load(), MadeUp: ds.madeUp.Load(), Witnesses: ds.witnesses.Load()})
 	})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
@@ -459,15 +647,25 @@ func serveDownstream(latency time.Duration, stdout io.Writer) error {
 }
 
 // slowDownstream answers every lookup after latency: found for keys
-// ending in an even digit, not found for the others.
+// ending in an even digit (the witnesses among them), not found for the
+// others and for a self-check's made-up key, whatever its last character
+// (a JSON absence: 200 with no ticket). It counts each kind apart.
 type slowDownstream struct {
-	latency time.Duration
-	hits    atomic.Int64
+	latency                 time.Duration
+	keys, madeUp, witnesses atomic.Int64
 }
 
 func (d *slowDownstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	d.hits.Add(1)
 	key := r.URL.Query().Get("idempotency_key")
+	madeUp := strings.HasPrefix(key, reconcile.SelfCheckKeyPrefix)
+	switch {
+	case madeUp:
+		d.madeUp.Add(1)
+	case strings.HasPrefix(key, witnessPrefix):
+		d.witnesses.Add(1)
+	default:
+		d.keys.Add(1)
+	}
 	t := time.NewTimer(d.latency)
 	select {
 	case <-t.C:
@@ -476,8 +674,8 @@ func (d *slowDownstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	if key != "" && strings.ContainsRune("02468", rune(key[len(key)-1])) {
-		fmt.Fprintf(w, `{"data":[{"id":"T-%s","created_at":"2026-11-30T04:00:00Z"}]}`, key)
+	if !madeUp && key != "" && strings.ContainsRune("02468", rune(key[len(key)-1])) {
+		fmt.Fprintf(w, `{"data":[{"id":"T-%s","created_at":%q}]}`, key, ticketCreatedAt)
 		return
 	}
 	_, _ = io.WriteString(w, `{"data":[]}`)
