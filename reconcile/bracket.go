@@ -211,9 +211,14 @@ func (t *toolRun) closeBatch(ctx context.Context) (bool, error) {
 			t.mu.Unlock()
 		}
 	}
-	for _, pr := range apply {
-		p.decisions <- pr
-	}
+	// Handed to the writers in the background: the next batch is leased
+	// and probed while this one is written (runTool waits for the hand-over
+	// before it returns, so the writers' channel closes after it).
+	t.handing.Go(func() {
+		for _, pr := range apply {
+			p.decisions <- pr
+		}
+	})
 	t.bk.mu.Lock()
 	t.bk.opener = &r
 	t.bk.mu.Unlock()

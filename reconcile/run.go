@@ -256,6 +256,11 @@ type toolRun struct {
 	// (bracket.go); false when its probe's self-check is off.
 	bracketed bool
 	bk        batch
+	handing   sync.WaitGroup // batches on their way to the writers
+	// samples are the self-check's present-side samples, drawn by the
+	// tool's first check of the pass (sampled) and reused by the others.
+	samples []sample
+	sampled bool
 
 	pace pace // keys in flight and given back to a pause (ratelimit.go)
 }
@@ -273,6 +278,10 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		p.report.Tools = append(p.report.Tools, tr)
 		p.mu.Unlock()
 	}()
+	// Runs first: batches still on their way to the writers are handed
+	// over before the report is taken and before Run closes the writers'
+	// channel.
+	defer t.handing.Wait()
 	lp := store.LeaseParams{
 		Tool:             tool,
 		Window:           policy.ProcessingWindow + p.e.cfg.Grace,
@@ -366,9 +375,15 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		if leaseErr != nil || len(batch) == 0 {
 			p.budget.giveBack(want)
 			if leaseErr == nil && t.resumeAfterPause(ctx) {
-				continue // keys a pause gave back are due again
+				lp.ClaimedFrom = time.Time{} // keys a pause gave back are due again
+				continue
 			}
 			break
+		}
+		if !p.opts.DryRun {
+			// Leased oldest claim first: the next lease starts where this
+			// one ended, not at the keys this pass still holds.
+			lp.ClaimedFrom = batch[len(batch)-1].ClaimedAt
 		}
 		p.budget.giveBack(want - len(batch))
 		if lp.IgnoreBackoff {

@@ -128,7 +128,11 @@ func (e *Engine) SelfCheck(ctx context.Context, tool string) (CheckResult, error
 	if len(shape) > 0 {
 		body = shape[0].RequestBody
 	}
-	return e.runCheck(ctx, tool, pol, body)
+	samples, err := e.drawSamples(ctx, tool, pol)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	return e.runCheck(ctx, tool, pol, body, samples)
 }
 
 // sample is one present-side sample of a self-check.
@@ -143,6 +147,10 @@ const (
 	SourceCanary    = "canary"
 	SourceNewest    = "newest"
 )
+
+// newestSampleTimeout bounds the search for the tool's newest completed key
+// at any age.
+const newestSampleTimeout = 5 * time.Second
 
 // drawSamples picks up to SelfCheckSamples present-side samples of tool, in
 // order: keys its tool server completed within SelfCheckMaxAge; then
@@ -176,11 +184,18 @@ func (e *Engine) drawSamples(ctx context.Context, tool string, pol Policy) ([]sa
 		}
 	}
 	if len(out) < n {
-		k, ok, err := e.newestGroundTruth(ctx, tool, slices.Collect(maps.Keys(seen)))
-		if err != nil {
+		// Bounded: on a big ledger whose tool has no ground truth at all,
+		// the walk back through its keys could be long. Without an answer
+		// in time there is simply no such sample.
+		nctx, cancel := context.WithTimeout(ctx, newestSampleTimeout)
+		k, ok, err := e.newestGroundTruth(nctx, tool, slices.Collect(maps.Keys(seen)))
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil && nctx.Err() != nil:
+			e.logger.Warn("self-check: no older completed key found in time; drawn without it", "tool", tool, "timeout", newestSampleTimeout)
+		case err != nil:
 			return nil, err
-		}
-		if ok {
+		case ok:
 			out = append(out, sample{key: k, source: SourceNewest})
 		}
 	}
@@ -193,12 +208,8 @@ func (e *Engine) drawSamples(ctx context.Context, tool string, pol Policy) ([]sa
 // found, with the stored values), and judges the probe. The absent side goes
 // first and alone so that a downstream that answers nothing costs one
 // request per check, counted by the breaker before any key is probed.
-func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy, shape json.RawMessage) (CheckResult, error) {
+func (e *Engine) runCheck(ctx context.Context, tool string, pol Policy, shape json.RawMessage, samples []sample) (CheckResult, error) {
 	res := CheckResult{Tool: tool, Fingerprint: pol.ProbeFingerprint, Actor: e.cfg.Actor, CheckedAt: time.Now()}
-	samples, err := e.drawSamples(ctx, tool, pol)
-	if err != nil {
-		return res, err
-	}
 	absentBody := madeUpRequest(absentShape(samples, shape))
 	absent := probes.Key{Key: SelfCheckKeyPrefix + randomHex(12), Tool: tool, RequestBody: absentBody,
 		CreatedAt: time.Now(), ClaimedAt: time.Now()}

@@ -203,7 +203,16 @@ func failedCount(r CheckResult) int {
 // vouches for a batch: every batch is bracketed by checks of its own.
 func (t *toolRun) check(ctx context.Context, shape json.RawMessage, with func(CheckResult) checkContext) (CheckResult, error) {
 	e := t.p.e
-	r, err := e.runCheck(ctx, t.tool, t.policy, shape)
+	if !t.sampled {
+		// Drawn once per pass and reused by every check of the tool's
+		// batches: the keys known to exist do not change mid-pass.
+		s, err := e.drawSamples(ctx, t.tool, t.policy)
+		if err != nil {
+			return CheckResult{}, err
+		}
+		t.samples, t.sampled = s, true
+	}
+	r, err := e.runCheck(ctx, t.tool, t.policy, shape, t.samples)
 	if err != nil || r.Paused {
 		// Paused: a polite "come back later" vouches for nothing and
 		// counts nothing; nothing is stored.

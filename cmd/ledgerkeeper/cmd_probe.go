@@ -345,6 +345,10 @@ type probeCheckReport struct {
 	Tools []toolCheck `json:"tools"`
 	// Trusted: every checked tool's probe is trusted.
 	Trusted bool `json:"trusted"`
+	// Witnessed: every checked tool that requires a witness saw a
+	// present-side sample come back found, so its not_found verdicts are
+	// believed.
+	Witnessed bool `json:"witnessed"`
 	// Written is always false: probe check stores nothing.
 	Written bool `json:"written"`
 }
@@ -354,6 +358,9 @@ type toolCheck struct {
 	// SelfCheckDisabled: tools.T.probe.self_check.enabled is false, so
 	// the reconciler acts on this probe unchecked whatever this says.
 	SelfCheckDisabled bool `json:"self_check_disabled,omitempty"`
+	// WitnessNotRequired: tools.T.probe.self_check.require_witness is
+	// false, so not_found verdicts are believed without a witness.
+	WitnessNotRequired bool `json:"witness_not_required,omitempty"`
 }
 
 func newProbeCheckCmd(a *app) *cobra.Command {
@@ -411,8 +418,8 @@ inconclusive, 2 for an unknown tool or a tool without a probe.`,
 					return usagef("no configured tool has a probe: nothing to check")
 				}
 			}
-			rep := probeCheckReport{Tools: []toolCheck{}, Trusted: true}
-			var bad []string
+			rep := probeCheckReport{Tools: []toolCheck{}, Trusted: true, Witnessed: true}
+			var bad, unwitnessed []string
 			for _, t := range tools {
 				r, err := eng.SelfCheck(ctx, t)
 				if err != nil {
@@ -422,10 +429,14 @@ inconclusive, 2 for an unknown tool or a tool without a probe.`,
 				if p := a.cfg.Tools[t].Probe; p != nil && !p.SelfCheckEnabled() {
 					tc.SelfCheckDisabled = true
 				}
+				tc.WitnessNotRequired = eng.Policy(t).WitnessNotRequired
 				rep.Tools = append(rep.Tools, tc)
 				if !r.Trusted() {
 					rep.Trusted = false
 					bad = append(bad, t+" "+r.Outcome)
+				} else if r.PresentUnverified && !tc.WitnessNotRequired && !tc.SelfCheckDisabled {
+					rep.Witnessed = false
+					unwitnessed = append(unwitnessed, t)
 				}
 			}
 			if asJSON {
@@ -437,6 +448,10 @@ inconclusive, 2 for an unknown tool or a tool without a probe.`,
 			}
 			if len(bad) > 0 {
 				return fmt.Errorf("probe check: %s: while so, no key of the tool changes state (see runbook.md, probe_untrusted)", strings.Join(bad, ", "))
+			}
+			if len(unwitnessed) > 0 {
+				return fmt.Errorf("probe check: %s: present side unverified: no sample came back found, so the probe's not_found verdicts are held "+
+					"(see runbook.md, probe_unwitnessed); add a canary: ledgerkeeper probe canary add KEY --tool TOOL --reason TEXT", strings.Join(unwitnessed, ", "))
 			}
 			return nil
 		},
@@ -462,7 +477,18 @@ func printProbeCheck(w io.Writer, rep probeCheckReport) {
 			fmt.Fprintf(w, "  %d disagreement(s): a completed key the probe did not find as stored (deleted or changed downstream since?): inspect it with 'ledgerkeeper probe run KEY'\n", t.Disagreements)
 		}
 		if t.PresentUnverified {
-			fmt.Fprintln(w, "  present side unverified: no key of this tool was completed by its tool server within self_check.max_age")
+			why := "no key of this tool was completed by its tool server within self_check.max_age, no canary is declared or marked, and no older completed key was found"
+			if len(t.Samples) > 0 {
+				why = "no present-side sample came back found"
+			}
+			fmt.Fprintln(w, "  present side unverified: "+why)
+			switch {
+			case t.SelfCheckDisabled:
+			case t.WitnessNotRequired:
+				fmt.Fprintln(w, "  note: tools."+t.Tool+".probe.self_check.require_witness is false: not_found verdicts are believed without a witness (dangerous)")
+			default:
+				fmt.Fprintln(w, "  not_found verdicts of this tool are held until a sample comes back found: add a canary with 'ledgerkeeper probe canary add KEY --tool "+t.Tool+" --reason TEXT'")
+			}
 		}
 		if t.SelfCheckDisabled {
 			fmt.Fprintln(w, "  note: tools."+t.Tool+".probe.self_check.enabled is false: the reconciler acts on this probe unchecked")

@@ -422,8 +422,19 @@ func TestProbeCheckPresentSideUnverified(t *testing.T) {
 	tr := newTicketRouter(t)
 	cfg := probeConfig(t, tr, "/v1/tickets?idempotency_key={key}")
 	code, out, stderr := cli(t, "probe", "check", "--config", cfg, "--database-url", db.URL)
-	if code != 0 || !strings.Contains(out, "create_ticket: TRUSTED") || !strings.Contains(out, "present side unverified") {
-		t.Fatalf("probe check without samples: %d\n%s\n%s", code, out, stderr)
+	if code != 1 || !strings.Contains(out, "create_ticket: TRUSTED") || !strings.Contains(out, "present side unverified") ||
+		!strings.Contains(stderr, "probe canary add") {
+		t.Fatalf("probe check without samples: exit %d, want 1 saying how to add a canary\n%s\n%s", code, out, stderr)
+	}
+	// A canary the probe finds witnesses the present side: exit 0.
+	tr.create("kept-ticket", "T-kept")
+	if code, out, stderr := cli(t, "probe", "canary", "add", "kept-ticket", "--tool", "create_ticket", "--reason", "kept for the self-check",
+		"--config", cfg, "--database-url", db.URL); code != 0 {
+		t.Fatalf("canary add: %d %s %s", code, out, stderr)
+	}
+	code, out, stderr = cli(t, "probe", "check", "--config", cfg, "--database-url", db.URL)
+	if code != 0 || strings.Contains(out, "present side unverified") {
+		t.Fatalf("probe check with a canary found: exit %d\n%s\n%s", code, out, stderr)
 	}
 }
 

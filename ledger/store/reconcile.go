@@ -32,6 +32,11 @@ type LeaseParams struct {
 	// IgnoreBackoff leases keys whose next probe time has not come yet
 	// (an operator's `reconcile --key`). Never the processing window.
 	IgnoreBackoff bool
+	// ClaimedFrom, when set, leases only keys claimed at or after it: a
+	// pass that leased up to some claim does not walk again over the keys
+	// it still holds under lease (a batch waiting for its closing
+	// self-check holds thousands). Zero: from the oldest.
+	ClaimedFrom time.Time
 }
 
 // Leased is a key leased for one probe attempt.
@@ -83,6 +88,7 @@ WITH candidates AS (
 	FROM idempotency_keys k
 	LEFT JOIN reconcile_state s ON s.key = k.key
 	WHERE ` + duePredicate + `
+	  AND ($9::timestamptz IS NULL OR k.claimed_at >= $9)
 	ORDER BY k.claimed_at
 	LIMIT $6
 	FOR NO KEY UPDATE OF k SKIP LOCKED
@@ -122,7 +128,11 @@ ORDER BY c.claimed_at`
 	// PostgreSQL may switch to after five executions, knows neither the
 	// window nor the limit, and made some passes' leases 25-40x slower
 	// (lkbench reconcile; BENCHMARKS.md, "the lease, sometimes").
-	rows, err := db.Query(ctx, q, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, p.Owner, p.Lease)
+	var from *time.Time
+	if !p.ClaimedFrom.IsZero() {
+		from = &p.ClaimedFrom
+	}
+	rows, err := db.Query(ctx, q, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, p.Owner, p.Lease, from)
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
 	}

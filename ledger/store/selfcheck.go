@@ -30,7 +30,11 @@ WHERE k.tool = $1
                   WHERE a.key = k.key AND a.action = ANY($4::text[]))
 ORDER BY k.created_at DESC
 LIMIT $3`
-	rows, err := db.Query(ctx, q, tool, maxAge, limit, notGroundTruthActions)
+	// Planned with its parameters every time, as LeaseDue is: the generic
+	// plan walks every completed key of the tool and looks each up in the
+	// audit instead of stopping after limit rows (0.8 s a call in lkbench
+	// reconcile; BENCHMARKS.md, "The self-check bracket").
+	rows, err := db.Query(ctx, q, pgx.QueryExecModeCacheDescribe, tool, maxAge, limit, notGroundTruthActions)
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("draw self-check samples of tool %q", tool), err)
 	}
