@@ -2,10 +2,12 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 )
 
@@ -19,8 +21,11 @@ func (t *toolRun) admit(ctx context.Context, lp store.LeaseParams) (bool, error)
 	// for, so no probe, check or trial is spent on the tool.
 	lp.Limit = 1
 	due, err := store.PeekDue(ctx, p.e.pool, lp, store.Leased{})
-	if err != nil || len(due) == 0 {
+	if err != nil {
 		return false, err
+	}
+	if len(due) == 0 {
+		return false, t.keepCheckFresh(ctx)
 	}
 	br, err := store.LoadBreaker(ctx, p.e.pool, t.tool)
 	if err != nil {
@@ -65,4 +70,35 @@ func slogLevelFor(outcome string) slog.Level {
 		return slog.LevelDebug
 	}
 	return slog.LevelWarn
+}
+
+// keepCheckFresh checks the probe of a tool with keys in flight and none
+// due when its stored check is older than self_check.interval (or of
+// another configuration): vouching for nothing, it keeps `status` current
+// and tells on-call of a broken probe before its keys come due.
+func (t *toolRun) keepCheckFresh(ctx context.Context) error {
+	p := t.p
+	if !t.bracketed || p.opts.DryRun || len(p.opts.Keys) > 0 {
+		return nil
+	}
+	rec, err := store.GetSelfCheck(ctx, p.e.pool, t.tool)
+	switch {
+	case err == nil && rec.Fingerprint == t.policy.ProbeFingerprint && rec.Now.Sub(rec.CheckedAt) < p.e.cfg.SelfCheckInterval:
+		return nil
+	case err != nil && !errors.Is(err, ledger.ErrNotFound):
+		return err
+	}
+	if br, err := store.LoadBreaker(ctx, p.e.pool, t.tool); err != nil || br.Open() || br.HalfOpen() {
+		return err // an open breaker's tool is left alone
+	}
+	if !t.awaitPause(ctx) {
+		return nil
+	}
+	r, err := t.check(ctx, nil, func(CheckResult) checkContext { return checkContext{} })
+	if err == nil {
+		t.mu.Lock()
+		t.lastCheck = &r
+		t.mu.Unlock()
+	}
+	return err
 }

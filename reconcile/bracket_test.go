@@ -628,3 +628,32 @@ func TestUnrenderableMadeUpKeyIsInconclusive(t *testing.T) {
 		t.Fatalf("the downstream got %d requests", n)
 	}
 }
+
+// A tool with keys in flight and none due is checked once per
+// self_check.interval: its check vouches for nothing, but `status` stays
+// current and a broken probe is reported before its keys come due.
+func TestToolWithNothingDueIsCheckedOncePerInterval(t *testing.T) {
+	t.Parallel()
+	s := newBracketSetup(t)
+	completeThrough(t, s.db, s.api, "wf-1:step-1", "T-1")
+	s.db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, expires_at) VALUES ('in-flight', 'create_ticket', 'h', now() + interval '1 day')`)
+	pol := reconcile.Policy{Probe: s.api.probeAt(t, goodProbePath), ProbeFingerprint: "v1"}
+	e := s.engine(pol, reconcile.Config{SelfCheckInterval: time.Hour})
+	run(t, e, reconcile.Options{})
+	if n := s.db.Count(t, `probe_self_checks WHERE outcome = 'trusted'`); n != 1 {
+		t.Fatal("a tool with nothing due and no stored check was not checked")
+	}
+	before := s.api.requests()
+	run(t, e, reconcile.Options{})
+	if n := s.api.requests() - before; n != 0 {
+		t.Fatalf("a check younger than self_check.interval was repeated (%d requests)", n)
+	}
+	untouched(t, s.db, "in-flight")
+
+	s.api.set(func(a *ingressAPI) { a.route = routeHTML404 })
+	run(t, s.engine(pol, reconcile.Config{SelfCheckInterval: time.Nanosecond}), reconcile.Options{})
+	if n := alertsOf(t, s.db, alerts.ReasonProbeUntrusted, "firing"); n != 1 {
+		t.Fatal("a broken probe of a tool with nothing due was not reported once its check was older than the interval")
+	}
+	untouched(t, s.db, "in-flight")
+}

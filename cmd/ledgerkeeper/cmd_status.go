@@ -72,9 +72,13 @@ type probeCheckStatus struct {
 	// Blocking: the check is untrusted or inconclusive, so no key of the
 	// tool changes state.
 	Blocking bool `json:"blocking"`
-	// PresentUnverified: no key completed by its tool server was there to
-	// check, only the made-up key was probed.
+	// PresentUnverified: no present-side sample (a key completed by its
+	// tool server, a canary) came back found: the tool's not_found verdicts
+	// are held unless require_witness is off.
 	PresentUnverified bool `json:"present_unverified"`
+	// Stale: the check is older than self_check.interval (a tool's pass
+	// checks again before its next batch whatever this says).
+	Stale bool `json:"stale,omitempty"`
 	// Disagreements counts, since the tool's first check, completed keys
 	// a trusted probe did not find as stored; DisagreeingKeys are those of
 	// the latest check.
@@ -270,7 +274,10 @@ func printStatus(a *app, st statusReport) {
 				}
 			}
 			if c.PresentUnverified {
-				fmt.Fprintln(w, "    present side unverified: no key completed by its tool server within self_check.max_age; only the made-up key was checked")
+				fmt.Fprintln(w, "    present side unverified: no completed key or canary came back found; not_found verdicts are held (add a canary: ledgerkeeper probe canary add)")
+			}
+			if c.Stale {
+				fmt.Fprintln(w, "    stale: older than self_check.interval (no key of this tool was due since; every batch is checked afresh)")
 			}
 			if c.Disagreements > 0 {
 				fmt.Fprintf(w, "    %d disagreement(s) since the first check: a completed key the probe did not find as stored (deleted or changed downstream?)", c.Disagreements)
@@ -338,7 +345,8 @@ func (a *app) probeChecks(ctx context.Context, db ledger.DBTX) ([]probeCheckStat
 	out := make([]probeCheckStatus, 0, len(checks))
 	for _, c := range checks {
 		pc := probeCheckStatus{Tool: c.Tool, Outcome: c.Outcome, CheckedAt: c.CheckedAt, Actor: c.Actor, Summary: c.Summary,
-			Blocking: !c.Trusted(), PresentUnverified: c.PresentUnverified, Disagreements: c.Disagreements}
+			Blocking: !c.Trusted(), PresentUnverified: c.PresentUnverified, Disagreements: c.Disagreements,
+			Stale: time.Since(c.CheckedAt) > a.cfg.SelfCheck.Interval.D()}
 		for _, s := range append([]reconcile.SampleCheck{c.Absent}, c.Samples...) {
 			switch {
 			case s.Passed:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -518,6 +519,24 @@ func TestStatusShowsProbeSelfChecks(t *testing.T) {
 	if strings.Contains(out, "!!") || strings.Contains(out, "UNTRUSTED") {
 		t.Errorf("a trusted probe shown as untrusted:\n%s", out)
 	}
+	if strings.Contains(out, "stale:") {
+		t.Errorf("a check seconds old shown as stale (self_check.interval 10m):\n%s", out)
+	}
+	// The same check under a configuration whose interval it outlived.
+	short := strings.Replace(readConfig(t, good), "tools:", "self_check:\n  interval: 1ms\ntools:", 1)
+	code, out, _ = cli(t, "status", "--config", writeFile(t, "short.yaml", short), "--database-url", url)
+	if code != 0 || !strings.Contains(out, "stale: older than self_check.interval") {
+		t.Errorf("status under self_check.interval 1ms does not say the check is stale:\n%s", out)
+	}
+}
+
+func readConfig(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // `probe check` and `probe run` work on the demo's own configuration
