@@ -154,10 +154,14 @@ ORDER BY c.claimed_at`
 	for i, l := range out {
 		leased[i] = l.Key.Key
 	}
-	rows, err = db.Query(ctx, `UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL
-		WHERE key = ANY($1::text[]) AND lease_owner = $2
-		  AND EXISTS (SELECT 1 FROM key_holds h WHERE h.key = reconcile_state.key)
-		RETURNING key`, leased, p.Owner)
+	// Driven by key_holds (a handful of rows), never by reconcile_state:
+	// written as EXISTS, its plan scanned every lease this pass holds
+	// (thousands while a batch waits for its closing self-check: 20 ms a
+	// lease instead of 2; BENCHMARKS.md, "The self-check bracket").
+	rows, err = db.Query(ctx, `UPDATE reconcile_state s SET lease_owner = NULL, lease_expires_at = NULL
+		FROM key_holds h
+		WHERE h.key = ANY($1::text[]) AND s.key = h.key AND s.lease_owner = $2
+		RETURNING s.key`, pgx.QueryExecModeCacheDescribe, leased, p.Owner)
 	if err != nil {
 		return nil, wrap("re-check holds of leased keys", err)
 	}
