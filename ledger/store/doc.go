@@ -20,7 +20,11 @@
 //   - key_holds: operator holds (PutHold, ReplaceHold, ReleaseHold; ErrHeld).
 //   - tool_breakers: the breaker's rows (LoadBreaker, CountBreakerFailures,
 //     OpenBreaker, ResetBreaker, ClaimBreakerTrial).
-//   - probe_self_checks: self-check samples and records.
+//   - probe_self_checks: self-check samples (SelfCheckSamples, and
+//     NewestGroundTruth at any age) and records.
+//   - probe_canaries: effects operators marked as known to exist downstream,
+//     the self-check's present-side witnesses (AddCanary, RemoveCanary,
+//     Canaries; audited as canary_added and canary_removed; never purged).
 //   - ledgerkeeper_runs: RecordRun, LastRuns, and their trimming.
 //
 // Every comparison of timestamps uses the database's clock (now()), as in
