@@ -41,6 +41,10 @@ import (
 // leases.
 const bracketSpan = 2 * time.Second
 
+// maxPausedClosers bounds how often a closing check interrupted by a
+// downstream's Retry-After is run again in one pass.
+const maxPausedClosers = 3
+
 // Report actions of keys whose verdict was withheld (not decisions: nothing
 // was written, the key is due again).
 const (
@@ -165,13 +169,23 @@ func (t *toolRun) closeBatch(ctx context.Context) (bool, error) {
 	witnessed := func(r CheckResult) bool {
 		return t.policy.WitnessNotRequired || (opener != nil && opener.Witnessed() && r.Witnessed())
 	}
-	r, err := t.check(ctx, shape, func(r CheckResult) checkContext {
-		cc := checkContext{opener: opener, batchUnanswered: unanswered}
-		if !witnessed(r) {
-			cc.heldNotFound = notFound
+	var r CheckResult
+	var err error
+	for try := 0; ; try++ {
+		r, err = t.check(ctx, shape, func(r CheckResult) checkContext {
+			cc := checkContext{opener: opener, batchUnanswered: unanswered}
+			if !witnessed(r) {
+				cc.heldNotFound = notFound
+			}
+			return cc
+		})
+		// A downstream that asked to wait during the closer: its answers
+		// are held under their leases while a short pause is waited out,
+		// then the closer runs again; a long one gives the batch back.
+		if err != nil || !r.Paused || try == maxPausedClosers || !t.awaitPause(ctx) {
+			break
 		}
-		return cc
-	})
+	}
 	t.mu.Lock()
 	t.lastCheck = &r
 	t.mu.Unlock()

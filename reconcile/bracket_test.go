@@ -657,3 +657,33 @@ func TestToolWithNothingDueIsCheckedOncePerInterval(t *testing.T) {
 	}
 	untouched(t, s.db, "in-flight")
 }
+
+// The downstream asks to wait (429, Retry-After: 1) when the closing check
+// probes it: the batch's answers wait under their leases, the pause is
+// waited out, the closer runs again and the batch is written, in the same
+// pass, with no attempt counted for the pause.
+func TestPauseDuringTheClosingCheckIsWaitedOut(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	api := newPoliteAPI(t, 0, 0)
+	madeUp := 0
+	api.throttle = func(_ int, key string) string { // called under the API's lock
+		if strings.HasPrefix(key, reconcile.SelfCheckKeyPrefix) {
+			if madeUp++; madeUp == 2 {
+				return "1"
+			}
+		}
+		return ""
+	}
+	stuckMany(t, db, "tickets", 3)
+	e, _ := politeEngine(t, db, reconcile.Config{Tools: map[string]reconcile.Policy{
+		"tickets": {Probe: api.probe(t), WitnessNotRequired: true},
+	}})
+	rep := run(t, e, reconcile.Options{})
+	if rep.Decided != 3 || rep.Withheld != 0 {
+		t.Fatalf("decided %d, withheld %d (%v); want the batch written after the pause", rep.Decided, rep.Withheld, rep.Actions)
+	}
+	if n := db.Count(t, `reconcile_state WHERE attempts > 1`); n != 0 {
+		t.Fatal("the pause counted an attempt")
+	}
+}
