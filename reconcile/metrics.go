@@ -89,7 +89,8 @@ func (m *Metrics) initTool(tool string) {
 	for _, v := range []string{"found", "not_found", "duplicate", "unknown"} {
 		m.probes.WithLabelValues(tool, v)
 	}
-	for _, a := range []string{ActionCompleted, ActionMarkedRetryable, ActionBackoff, ActionDuplicate, ActionNoProbe} {
+	for _, a := range []string{ActionCompleted, ActionMarkedRetryable, ActionBackoff, ActionDuplicate, ActionNoProbe,
+		ActionWithheldUntrusted, ActionWithheldUnwitnessed} {
 		m.decisions.WithLabelValues(tool, a)
 	}
 }
