@@ -1,8 +1,10 @@
 // Package ledger is the tool side of the idempotency ledger, and all a tool
 // server needs to import: the idempotency_keys model (Key, the statuses, the
 // column widths, the sentinel errors), Claim, Complete, Heartbeat, Abandon
-// and Get, the net/http Middleware that runs them around a handler, and
-// Fingerprint, the request_hash of a request's arguments.
+// and Get; Run, which applies them to one call of a tool whatever its
+// transport; the net/http Middleware, a thin adapter over Run (package
+// ledger/mcpkey is the MCP one); and Fingerprint, the request_hash of a
+// request's arguments.
 //
 // The reconciler's and the operator's side of the same table (leases,
 // decisions, holds, breakers, self-checks, stats, purge, audit) is package
@@ -37,9 +39,11 @@
 // # Caching rule
 //
 // Definitive outcomes are stored: 2xx, and 4xx that are validation or
-// business rejections. An unresolved technical failure (5xx, timeout, crash)
-// is never stored: the key stays processing for the reconciler, so a retry
-// gets 409 until the downstream has been asked whether the effect happened.
+// business rejections. An unresolved technical failure (5xx, timeout, crash),
+// a "try again later" (408, 425, 429) and an MCP tool error are never
+// stored: the key stays processing for the reconciler, so a retry gets 409
+// until the downstream has been asked whether the effect happened.
+// Definitive is this rule, once, for every transport.
 //
 // # Time
 //

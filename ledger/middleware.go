@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -18,7 +17,6 @@ import (
 const (
 	DefaultMaxRequestBytes = 1 << 20
 	DefaultRetryAfter      = 2 * time.Second
-	completeTimeout        = 10 * time.Second
 )
 
 // HeaderIdempotencyKey and HeaderReplayed are the contract's headers.
@@ -88,34 +86,6 @@ func problem(w http.ResponseWriter, code int, typ, title, detail string) {
 	write(w, code, ContentTypeProblem, Problem{Type: typ, Title: title, Status: code, Detail: detail})
 }
 
-// Attempt identifies the claim a handler runs under.
-type Attempt struct {
-	Key       string
-	Tool      string
-	ClaimedAt time.Time
-	db        DBTX
-}
-
-// Heartbeat says the attempt is still working (see the package Heartbeat).
-func (a Attempt) Heartbeat(ctx context.Context) error {
-	return Heartbeat(ctx, a.db, a.Key, a.ClaimedAt)
-}
-
-// Abandon marks the attempt failed_retryable (see the package Abandon):
-// only when the handler knows the effect did not happen.
-func (a Attempt) Abandon(ctx context.Context) error {
-	return Abandon(ctx, a.db, a.Key, a.ClaimedAt)
-}
-
-type attemptKey struct{}
-
-// AttemptFromContext returns the attempt the middleware claimed for this
-// request.
-func AttemptFromContext(ctx context.Context) (Attempt, bool) {
-	a, ok := ctx.Value(attemptKey{}).(Attempt)
-	return a, ok
-}
-
 // Middleware implements the tool side of the idempotency contract around a
 // tool handler:
 //
@@ -125,10 +95,13 @@ func AttemptFromContext(ctx context.Context) (Attempt, bool) {
 //   - the key in flight → 409 with Retry-After;
 //   - the key completed → the stored status and body in an Envelope with
 //     idempotent_replay true and Idempotency-Replayed: true;
-//   - otherwise the handler runs once; a definitive answer (below 500) is
-//     stored in the same row and returned in an Envelope with
-//     idempotent_replay false. A 5xx, a panic or a crash stores nothing:
-//     the key stays processing for the reconciler, never a cached 500.
+//   - otherwise the handler runs once (Run: the Attempt in its context,
+//     heartbeats if HeartbeatInterval > 0); a definitive answer
+//     (Definitive: below 500, but not 408, 425 or 429) is stored in the
+//     same row, and the answer is returned in an Envelope with
+//     idempotent_replay false. Any other status, a panic or a crash
+//     stores nothing: the key stays processing for the reconciler, never
+//     a cached 500 or 429.
 //
 // Every answer the middleware gives on its own behalf (400, 413, 422, 409,
 // 503) is a Problem (application/problem+json, RFC 9457) with a stable type
@@ -175,19 +148,31 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 			problem(w, http.StatusBadRequest, ProblemBodyInvalid, "Request body is not JSON", "the request body must be exactly one JSON value")
 			return
 		}
-		hash := hashCanonical(canon) // canon is canonical: Fingerprint would redo it
-		// The slim claim: the middleware reads the outcome, the hash, the
-		// stored response and claimed_at, never the rest of the row.
-		res, err := claimAs(r.Context(), cfg.DB, ClaimParams{
-			Key: key, Tool: cfg.Tool, RequestHash: hash, RequestBody: canon, TTL: cfg.TTL,
-		}, claimSlim)
+		rec := &recorder{header: http.Header{}, code: http.StatusOK}
+		res, err := Run(r.Context(), cfg.DB, Call{
+			Key: key, Tool: cfg.Tool, Request: canon, TTL: cfg.TTL,
+			HeartbeatInterval: cfg.HeartbeatInterval, Logger: cfg.Logger,
+		}, func(ctx context.Context) Response {
+			// A panic propagates (net/http aborts the connection) with the
+			// key left processing: the effect may have happened.
+			r := r.WithContext(ctx)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			next.ServeHTTP(rec, r)
+			out := rec.body.Bytes()
+			if !json.Valid(out) {
+				// Keep the outcome replayable: a non-JSON body is stored
+				// as a JSON string.
+				out, _ = json.Marshal(string(out))
+			}
+			return Response{Code: rec.code, Body: out}
+		})
 		if err != nil {
 			cfg.Logger.Error("claim idempotency key", "tool", cfg.Tool, "err", err)
 			problem(w, http.StatusServiceUnavailable, ProblemLedgerUnavailable, "Idempotency ledger unavailable",
 				"the key could not be claimed, so the operation did not run; retry with the same Idempotency-Key")
 			return
 		}
-		switch res.Outcome {
+		switch res.Claim {
 		case FingerprintMismatch:
 			problem(w, http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency-Key reused with other arguments",
 				"this Idempotency-Key was first used with a different request body; the operation did not run again. A new operation needs a new key")
@@ -199,78 +184,17 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 				fmt.Sprintf("a request with this Idempotency-Key is still being processed; retry the same request after %d seconds", secs))
 			return
 		case Replay:
-			code := http.StatusOK
-			if res.Row.ResponseCode != nil {
-				code = *res.Row.ResponseCode
-			}
 			w.Header().Set(HeaderReplayed, "true")
-			writeJSON(w, code, Envelope{OK: code < 400, IdempotentReplay: true, OriginalResponse: orNull(res.Row.ResponseBody)})
+			writeJSON(w, res.Response.Code, Envelope{OK: res.Response.Code < 400, IdempotentReplay: true, OriginalResponse: orNull(res.Response.Body)})
 			return
-		}
-
-		attempt := Attempt{Key: key, Tool: cfg.Tool, ClaimedAt: res.Row.ClaimedAt, db: cfg.DB}
-		r = r.WithContext(context.WithValue(r.Context(), attemptKey{}, attempt))
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		// The heartbeat follows the handler, not the client: a client that
-		// gave up does not make a live attempt look dead.
-		stopBeat := startHeartbeat(context.WithoutCancel(r.Context()), cfg, attempt)
-		rec := &recorder{header: http.Header{}, code: http.StatusOK}
-		func() {
-			// A panic propagates (net/http aborts the connection) with the
-			// key left processing: the effect may have happened.
-			defer stopBeat()
-			next.ServeHTTP(rec, r)
-		}()
-
-		out := rec.body.Bytes()
-		if !json.Valid(out) {
-			// Keep the outcome replayable: a non-JSON body is stored as a
-			// JSON string.
-			out, _ = json.Marshal(string(out))
-		}
-		if rec.code < 500 {
-			// The client may be gone; the outcome must still be stored.
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), completeTimeout)
-			err := Complete(ctx, cfg.DB, key, attempt.ClaimedAt, rec.code, out)
-			cancel()
-			if err != nil {
-				// The effect happened but its record did not: the key stays
-				// processing and the reconciler's probe will find it.
-				cfg.Logger.Error("store tool outcome", "tool", cfg.Tool, "code", rec.code, "err", err)
-			}
 		}
 		for k, v := range rec.header {
 			if k != "Content-Length" {
 				w.Header()[k] = v
 			}
 		}
-		writeJSON(w, rec.code, Envelope{OK: rec.code < 400, IdempotentReplay: false, OriginalResponse: out})
+		writeJSON(w, rec.code, Envelope{OK: rec.code < 400, IdempotentReplay: false, OriginalResponse: res.Response.Body})
 	})
-}
-
-func startHeartbeat(ctx context.Context, cfg MiddlewareConfig, a Attempt) func() {
-	if cfg.HeartbeatInterval <= 0 {
-		return func() {}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(cfg.HeartbeatInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if err := a.Heartbeat(ctx); err != nil && ctx.Err() == nil {
-					cfg.Logger.Warn("heartbeat", "tool", a.Tool, "err", err)
-				}
-			}
-		}
-	}()
-	return func() { cancel(); wg.Wait() }
 }
 
 func orNull(b json.RawMessage) json.RawMessage {
