@@ -110,12 +110,21 @@ func (l *toolLimit) pause(d time.Duration) (until time.Time, started bool) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	started = !l.until.After(now)
-	if end := now.Add(d); end.After(l.until) {
-		l.until = end
-	}
+	l.until, started = extendPause(l.until, now, d)
 	l.metrics.probePaused(l.tool, l.until, started)
 	return l.until, started
+}
+
+// extendPause is a pause's end after a downstream asks, at now, for d more,
+// the pause having lasted until then so far: the later of the two ends, so
+// that answers overlapping in flight never cut a longer pause short.
+// started reports whether the tool was not paused at now.
+func extendPause(until, now time.Time, d time.Duration) (time.Time, bool) {
+	started := !until.After(now)
+	if end := now.Add(d); end.After(until) {
+		until = end
+	}
+	return until, started
 }
 
 // pausedFor is how long the tool's probing stays paused (0: not paused).
@@ -145,14 +154,14 @@ func (t *toolRun) awaitPause(ctx context.Context) bool {
 		// Looped: answers still in flight when the pause began may have
 		// lengthened it meanwhile.
 		left := t.limit().pausedFor()
-		if left == 0 {
-			return true
-		}
 		t.mu.Lock()
 		halfOpen := t.halfOpen
 		t.mu.Unlock()
 		budget := p.e.cfg.MaxDuration - time.Since(p.report.StartedAt)
-		if halfOpen || left > maxPauseWait || left >= budget {
+		switch pauseDecision(left, budget, halfOpen) {
+		case pauseNone:
+			return true
+		case pauseEnd:
 			t.mu.Lock()
 			t.note = fmt.Sprintf("downstream asked to wait (HTTP 429/503 Retry-After): probing paused until %s; its keys stay due, no attempt counted",
 				time.Now().Add(left).UTC().Format(time.RFC3339))
@@ -169,6 +178,31 @@ func (t *toolRun) awaitPause(ctx context.Context) bool {
 			timer.Stop()
 			return false
 		}
+	}
+}
+
+// pauseAction is what a tool's share of a pass does about a pause.
+type pauseAction int
+
+const (
+	pauseNone pauseAction = iota // not paused: go on
+	pauseWait                    // wait the pause out, then look again
+	pauseEnd                     // end the tool's share: its keys stay due
+)
+
+// pauseDecision is awaitPause's rule, for a pause with left to run and a
+// pass with budget left of its time: a pause is waited out only when it is
+// short (at most maxPauseWait) and ends within the pass's time budget; a
+// half-open breaker's share ends at once (its trial was interrupted, and no
+// batch goes out untried).
+func pauseDecision(left, budget time.Duration, halfOpen bool) pauseAction {
+	switch {
+	case left <= 0:
+		return pauseNone
+	case halfOpen || left > maxPauseWait || left >= budget:
+		return pauseEnd
+	default:
+		return pauseWait
 	}
 }
 
