@@ -32,16 +32,19 @@
 //     body that is not a CallToolResult (no "content": the reconciler or an
 //     operator completed the key from the probe's outcome) is replayed as
 //     the structured content, and its JSON as the text content.
-//   - Otherwise the handler runs once (Attempt in its context, heartbeats
-//     if Config.HeartbeatInterval > 0).
+//   - Otherwise the handler runs once (ledger.Run, the same core as
+//     ledger.Middleware: the ledger.Attempt in its context, so
+//     ledger.AttemptFromContext works in an MCP handler too; heartbeats if
+//     Config.HeartbeatInterval > 0).
 //
-// What is stored: only a result the handler returned without IsError and
-// without a Go error; it becomes the row's response_body (the CallToolResult
-// as JSON) with response_code 200. A tool error result (IsError), a
-// returned error (a protocol error) and a panic store nothing: the
-// middleware cannot tell a refusal from a technical failure after the
+// What is stored is decided by ledger.Definitive, the one stored-outcome
+// rule of both transports: only a result the handler returned without
+// IsError and without a Go error; it becomes the row's response_body (the
+// CallToolResult as JSON) with response_code 200. A tool error result
+// (IsError), a returned error (a protocol error) and a panic store nothing:
+// the middleware cannot tell a refusal from a technical failure after the
 // effect, so the key stays processing for the reconciler's probe, like a
-// 5xx in the HTTP middleware. A handler that knows the effect did not happen
+// 5xx (or a 429) in the HTTP middleware. A handler that knows the effect did not happen
 // (it refused the arguments before touching the downstream) calls
 // Attempt.Abandon so the retry can run. The SDK does not recover handler
 // panics; Wrap does, answering an internal error (-32603), so one failing

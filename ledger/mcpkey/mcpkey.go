@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -25,9 +24,6 @@ const MetaReplay = "ledgerkeeper/idempotentReplay"
 // MetaRetryAfter is the _meta field of the in-flight tool error: the number
 // of seconds to wait before retrying.
 const MetaRetryAfter = "ledgerkeeper/retryAfterSeconds"
-
-// completeTimeout bounds storing the outcome once the client may be gone.
-const completeTimeout = 10 * time.Second
 
 // Config configures Wrap for one tool.
 type Config struct {
@@ -55,31 +51,16 @@ type Config struct {
 }
 
 // Attempt identifies the claim a handler runs under.
-type Attempt struct {
-	Key       string
-	Tool      string
-	ClaimedAt time.Time
-	db        ledger.DBTX
-}
-
-// Heartbeat says the attempt is still working (see ledger.Heartbeat).
-func (a Attempt) Heartbeat(ctx context.Context) error {
-	return ledger.Heartbeat(ctx, a.db, a.Key, a.ClaimedAt)
-}
-
-// Abandon marks the attempt failed_retryable (see ledger.Abandon): call it
-// only when the handler knows the effect did not happen, e.g. before
-// returning a tool error for arguments it refused.
-func (a Attempt) Abandon(ctx context.Context) error {
-	return ledger.Abandon(ctx, a.db, a.Key, a.ClaimedAt)
-}
-
-type attemptKey struct{}
+//
+// Deprecated: it is ledger.Attempt (this name is an alias of it); use that.
+type Attempt = ledger.Attempt
 
 // AttemptFromContext returns the attempt Wrap claimed for this call.
+//
+// Deprecated: use ledger.AttemptFromContext, which works under Wrap and
+// ledger.Middleware alike.
 func AttemptFromContext(ctx context.Context) (Attempt, bool) {
-	a, ok := ctx.Value(attemptKey{}).(Attempt)
-	return a, ok
+	return ledger.AttemptFromContext(ctx)
 }
 
 // AddTool adds tool t to s with handler h behind Wrap.
@@ -119,15 +100,33 @@ func Wrap(cfg Config, next mcp.ToolHandler) mcp.ToolHandler {
 		if err != nil {
 			return nil, invalidParams("arguments must be one JSON value")
 		}
-		hash, _ := ledger.Fingerprint(canon)
-		res, err := ledger.Claim(ctx, cfg.DB, ledger.ClaimParams{
-			Key: key, Tool: tool, RequestHash: hash, RequestBody: canon, TTL: cfg.TTL,
+		var panicked any
+		var out *mcp.CallToolResult
+		var herr error
+		res, err := ledger.Run(ctx, cfg.DB, ledger.Call{
+			Key: key, Tool: tool, Request: canon, TTL: cfg.TTL,
+			HeartbeatInterval: cfg.HeartbeatInterval, Logger: cfg.Logger,
+		}, func(ctx context.Context) ledger.Response {
+			out, herr, panicked = run(ctx, next, req)
+			if panicked != nil || herr != nil || out == nil || out.IsError {
+				// A protocol error or a tool error result cannot be told
+				// from a technical failure after the effect: nothing is
+				// stored, the key stays processing for the reconciler (or
+				// the handler called Attempt.Abandon).
+				return ledger.Response{IsError: true}
+			}
+			body, err := json.Marshal(out)
+			if err != nil {
+				cfg.Logger.Error("encode tool result; key left processing", "tool", tool, "err", err)
+				return ledger.Response{IsError: true}
+			}
+			return ledger.Response{Code: 200, Body: body}
 		})
 		if err != nil {
 			cfg.Logger.Error("claim idempotency key", "tool", tool, "err", err)
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "idempotency ledger unavailable"}
 		}
-		switch res.Outcome {
+		switch res.Claim {
 		case ledger.FingerprintMismatch:
 			return nil, invalidParams("idempotency key was already used with different arguments")
 		case ledger.InFlight:
@@ -138,39 +137,13 @@ func Wrap(cfg Config, next mcp.ToolHandler) mcp.ToolHandler {
 				IsError: true,
 			}, nil
 		case ledger.Replay:
-			return replay(res.Row.ResponseBody)
+			return replay(res.Response.Body)
 		}
-
-		attempt := Attempt{Key: key, Tool: tool, ClaimedAt: res.Row.ClaimedAt, db: cfg.DB}
-		hctx := context.WithValue(ctx, attemptKey{}, attempt)
-		stopBeat := startHeartbeat(context.WithoutCancel(ctx), cfg, attempt)
-		out, herr, panicked := run(hctx, next, req)
-		stopBeat()
-		switch {
-		case panicked != nil:
+		if panicked != nil {
 			cfg.Logger.Error("tool handler panicked; key left processing", "tool", tool, "panic", fmt.Sprint(panicked))
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "tool failed; its outcome is unknown and the key stays processing until it is reconciled"}
-		case herr != nil || out == nil || out.IsError:
-			// A protocol error or a tool error result cannot be told
-			// from a technical failure after the effect: nothing is
-			// stored, the key stays processing for the reconciler (or
-			// the handler called Attempt.Abandon).
-			return out, herr
 		}
-		body, err := json.Marshal(out)
-		if err != nil {
-			cfg.Logger.Error("encode tool result; key left processing", "tool", tool, "err", err)
-			return out, nil
-		}
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeTimeout)
-		err = ledger.Complete(sctx, cfg.DB, key, attempt.ClaimedAt, 200, body)
-		cancel()
-		if err != nil {
-			// The effect happened but its record did not: the key stays
-			// processing and the reconciler's probe will find it.
-			cfg.Logger.Error("store tool outcome", "tool", tool, "err", err)
-		}
-		return out, nil
+		return out, herr
 	}
 }
 
@@ -256,27 +229,4 @@ func run(ctx context.Context, next mcp.ToolHandler, req *mcp.CallToolRequest) (o
 
 func invalidParams(msg string) error {
 	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: msg}
-}
-
-func startHeartbeat(ctx context.Context, cfg Config, a Attempt) func() {
-	if cfg.HeartbeatInterval <= 0 {
-		return func() {}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(cfg.HeartbeatInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if err := a.Heartbeat(ctx); err != nil && ctx.Err() == nil {
-					cfg.Logger.Warn("heartbeat", "tool", a.Tool, "err", err)
-				}
-			}
-		}
-	})
-	return func() { cancel(); wg.Wait() }
 }
