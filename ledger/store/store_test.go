@@ -398,3 +398,30 @@ func TestStaleDecisionLeavesNewClaimAlone(t *testing.T) {
 		t.Fatalf("a third replica leased a key B holds: %+v", got)
 	}
 }
+
+// ExtendLeases renews only the leases the owner still holds: a key another
+// replica leased since, or one given back, is not renewed.
+func TestExtendLeasesRenewsOnlyTheOwnersLeases(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	for _, k := range []string{"mine", "taken", "given-back"} {
+		db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, expires_at) VALUES ($1, 't', 'h', now() + interval '1 day')`, k)
+		db.Exec(t, `INSERT INTO reconcile_state (key, tool, claimed_at, lease_owner, lease_expires_at)
+			SELECT key, tool, claimed_at, 'a/1', now() - interval '1 second' FROM idempotency_keys WHERE key = $1`, k)
+	}
+	db.Exec(t, `UPDATE reconcile_state SET lease_owner = 'b/2', lease_expires_at = now() + interval '1 minute' WHERE key = 'taken'`)
+	db.Exec(t, `UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL WHERE key = 'given-back'`)
+	got, err := store.ExtendLeases(context.Background(), db.Pool, []string{"mine", "taken", "given-back"}, "a/1", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != "mine" {
+		t.Fatalf("renewed %v, want [mine]", got)
+	}
+	if n := db.Count(t, `reconcile_state WHERE key = 'mine' AND lease_expires_at > now() + interval '50 seconds'`); n != 1 {
+		t.Fatal("the owner's lease was not renewed")
+	}
+	if n := db.Count(t, `reconcile_state WHERE key = 'taken' AND lease_owner = 'b/2'`); n != 1 {
+		t.Fatal("another holder's lease was touched")
+	}
+}
