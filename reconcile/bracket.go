@@ -64,6 +64,10 @@ type batch struct {
 	held     []probed
 	leased   int
 	start    time.Time
+	// leasesFrom is when the batch's oldest lease was taken or last
+	// renewed (local monotonic time): its answers must be written before
+	// leasesFrom + reconcile.lease.
+	leasesFrom time.Time
 	shape    json.RawMessage // a leased key's request body, for the made-up key
 	closeNow bool            // close after the keys leased so far (half-open trial)
 }
@@ -74,6 +78,7 @@ func (b *batch) noteLeased(keys []store.Leased) {
 	defer b.mu.Unlock()
 	if b.leased == 0 {
 		b.start = time.Now()
+		b.leasesFrom = b.start
 	}
 	b.leased += len(keys)
 	if b.shape == nil {
@@ -100,12 +105,12 @@ func (b *batch) hold(pr probed) {
 }
 
 // take empties the batch, returning what it held.
-func (b *batch) take() (held []probed, shape json.RawMessage, opener *CheckResult) {
+func (b *batch) take() (held []probed, shape json.RawMessage, opener *CheckResult, leasesFrom time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	held, shape, opener = b.held, b.shape, b.opener
+	held, shape, opener, leasesFrom = b.held, b.shape, b.opener, b.leasesFrom
 	b.held, b.shape, b.leased, b.closeNow = nil, nil, 0, false
-	return held, shape, opener
+	return held, shape, opener, leasesFrom
 }
 
 // deliver hands a probed key on: to the writers at once for a tool whose
@@ -128,7 +133,10 @@ func (t *toolRun) openBatch(ctx context.Context, due json.RawMessage) (bool, err
 	}
 	t.mu.Lock()
 	t.lastCheck = &r
-	if !r.Trusted() {
+	switch {
+	case r.Paused:
+		t.note = "downstream asked to wait (HTTP 429/503 Retry-After) during the self-check: no key probed, none changed; the next pass checks again"
+	case !r.Trusted():
 		t.untrusted = true
 		t.note = "probe not trusted, no key changed: self-check " + r.Summary
 	}
@@ -149,7 +157,7 @@ func (t *toolRun) openBatch(ctx context.Context, due json.RawMessage) (bool, err
 func (t *toolRun) closeBatch(ctx context.Context) (bool, error) {
 	p := t.p
 	t.pace.inFlight.Wait()
-	held, shape, opener := t.bk.take()
+	held, shape, opener, leasesFrom := t.bk.take()
 	if len(held) == 0 {
 		return true, nil // nothing to vouch for: the opener still opens
 	}
@@ -171,7 +179,14 @@ func (t *toolRun) closeBatch(ctx context.Context) (bool, error) {
 	}
 	var r CheckResult
 	var err error
+	// The closer, and the writes after it, must end before the batch's
+	// leases lapse: once lapsed, another replica may lease and probe the
+	// same keys. closerTime bounds one closer (its two round trips).
+	closerTime := 2*t.policy.ProbeTimeout + leaseMargin
 	for try := 0; ; try++ {
+		if held, leasesFrom = t.keepLeases(ctx, held, leasesFrom, closerTime); len(held) == 0 {
+			return false, nil
+		}
 		r, err = t.check(ctx, shape, func(r CheckResult) checkContext {
 			cc := checkContext{opener: opener, batchUnanswered: unanswered}
 			if !witnessed(r) {
@@ -182,7 +197,18 @@ func (t *toolRun) closeBatch(ctx context.Context) (bool, error) {
 		// A downstream that asked to wait during the closer: its answers
 		// are held under their leases while a short pause is waited out,
 		// then the closer runs again; a long one gives the batch back.
-		if err != nil || !r.Paused || try == maxPausedClosers || !t.awaitPause(ctx) {
+		if err != nil || !r.Paused || try == maxPausedClosers {
+			break
+		}
+		// Waited out only if the leases, renewed now, outlast the pause
+		// and the closer after it.
+		if t.limit().pausedFor()+closerTime >= p.e.cfg.Lease {
+			break
+		}
+		if held, leasesFrom = t.keepLeases(ctx, held, leasesFrom, p.e.cfg.Lease); len(held) == 0 {
+			return false, nil
+		}
+		if !t.awaitPause(ctx) {
 			break
 		}
 	}
@@ -237,6 +263,49 @@ func (t *toolRun) closeBatch(ctx context.Context) (bool, error) {
 	t.bk.opener = &r
 	t.bk.mu.Unlock()
 	return true, nil
+}
+
+// keepLeases makes sure the held keys' leases have at least need left: when
+// the oldest (taken or renewed at from) has less, all are renewed at once.
+// Keys whose lease is no longer this pass's (lapsed and taken by another
+// replica) are dropped from the batch: their answers are not ours to
+// write, and the report lists them as withheld. It returns the keys kept
+// and when their leases were renewed.
+func (t *toolRun) keepLeases(ctx context.Context, held []probed, from time.Time, need time.Duration) ([]probed, time.Time) {
+	p := t.p
+	if p.opts.DryRun || time.Until(from.Add(p.e.cfg.Lease)) >= need {
+		return held, from
+	}
+	keys := make([]string, len(held))
+	for i, pr := range held {
+		keys[i] = pr.l.Key.Key
+	}
+	renewedAt := time.Now()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	renewed, err := store.ExtendLeases(rctx, p.e.pool, keys, p.owner, p.e.cfg.Lease)
+	cancel()
+	if err != nil {
+		p.e.logger.Warn("renew the leases of a batch waiting for its closing self-check", "tool", t.tool, "err", err)
+		t.withhold(ctx, held, ActionWithheldUntrusted, "not applied: the batch's leases could not be renewed before its closing self-check")
+		return nil, from
+	}
+	ours := make(map[string]bool, len(renewed))
+	for _, k := range renewed {
+		ours[k] = true
+	}
+	kept, lost := held[:0:0], []probed(nil)
+	for _, pr := range held {
+		if ours[pr.l.Key.Key] {
+			kept = append(kept, pr)
+		} else {
+			lost = append(lost, pr)
+		}
+	}
+	for _, pr := range lost {
+		p.addWithheld(KeyResult{Key: pr.l.Key.Key, Tool: pr.l.Tool, Verdict: string(pr.res.Verdict), Action: ActionWithheldUntrusted,
+			Attempts: pr.l.Attempts, Error: "not applied: its lease lapsed before the batch's closing self-check"})
+	}
+	return kept, renewedAt
 }
 
 // withhold gives back keys whose verdicts are not applied: leases released

@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -685,5 +686,119 @@ func TestPauseDuringTheClosingCheckIsWaitedOut(t *testing.T) {
 	}
 	if n := db.Count(t, `reconcile_state WHERE attempts > 1`); n != 0 {
 		t.Fatal("the pause counted an attempt")
+	}
+}
+
+// The only witness is the tool's newest completed key, which the opener
+// does not find and the closer does: the batch's not_found is held (both
+// checks of its bracket must see a witness) and on-call is told, though
+// the closer alone saw one.
+func TestNotFoundNeedsAWitnessInTheOpenerToo(t *testing.T) {
+	t.Parallel()
+	s := newBracketSetup(t)
+	completeThrough(t, s.db, s.api, "old:step-1", "T-old")
+	s.db.Exec(t, `UPDATE idempotency_keys SET created_at = now() - interval '30 days', updated_at = now() - interval '30 days'`)
+	s.db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, request_body, created_at, claimed_at, expires_at)
+		VALUES ('never-happened', 'create_ticket', 'h', '{"title":"x"}', now() - interval '1 minute', now() - interval '1 minute', now() + interval '1 day')`)
+	// The old ticket is found again from the first probe of a stuck key on.
+	s.api.set(func(a *ingressAPI) {
+		delete(a.tickets, "old:step-1")
+		a.watched["never-happened"] = true
+	})
+	var once sync.Once
+	pol := reconcile.Policy{Probe: probeFunc(func(ctx context.Context, k probes.Key) probes.Result {
+		if k.Key == "never-happened" {
+			once.Do(func() { s.api.create("old:step-1", "T-old") })
+		}
+		return s.api.probeAt(t, goodProbePath).Probe(ctx, k)
+	}), ProbeFingerprint: "v1"}
+	rep := run(t, s.engine(pol, reconcile.Config{}), reconcile.Options{})
+	untouched(t, s.db, "never-happened")
+	if rep.Actions[reconcile.ActionWithheldUnwitnessed] != 1 {
+		t.Fatalf("actions %v, want the not_found withheld_unwitnessed", rep.Actions)
+	}
+	if n := alertsOf(t, s.db, alerts.ReasonProbeUnwitnessed, "firing"); n != 1 {
+		t.Fatalf("%d probe_unwitnessed alerts, want 1: a held not_found is always told", n)
+	}
+}
+
+// probeFunc adapts a function to probes.Probe.
+type probeFunc func(context.Context, probes.Key) probes.Result
+
+func (f probeFunc) Probe(ctx context.Context, k probes.Key) probes.Result { return f(ctx, k) }
+
+// A Retry-After during the closer longer than the batch's leases can be
+// held through is not waited out: the batch is given back at once, so no
+// other replica probes keys whose answers this one still holds, and
+// nothing of it is written.
+func TestPauseLongerThanTheLeasesGivesTheBatchBack(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	api := newPoliteAPI(t, 0, 0)
+	madeUp := 0
+	api.throttle = func(_ int, key string) string {
+		if strings.HasPrefix(key, reconcile.SelfCheckKeyPrefix) {
+			if madeUp++; madeUp == 2 {
+				return "8"
+			}
+		}
+		return ""
+	}
+	stuckMany(t, db, "tickets", 2)
+	e, _ := politeEngine(t, db, reconcile.Config{Lease: 6 * time.Second, Tools: map[string]reconcile.Policy{
+		"tickets": {Probe: api.probe(t), WitnessNotRequired: true, ProbeTimeout: time.Second}}})
+	start := time.Now()
+	rep := run(t, e, reconcile.Options{})
+	if rep.Withheld != 2 || rep.Decided != 0 {
+		t.Fatalf("withheld %d, decided %d (%v); want the batch given back", rep.Withheld, rep.Decided, rep.Actions)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the pass took %s: it waited for a pause its leases could not outlast", d)
+	}
+	if n := db.Count(t, `reconcile_state WHERE lease_owner IS NOT NULL OR attempts > 0`); n != 0 {
+		t.Fatal("a withheld key kept its lease or counted an attempt")
+	}
+	if n := db.Count(t, `reconcile_audit`); n != 0 {
+		t.Fatalf("%d audit rows for a batch given back", n)
+	}
+}
+
+// A short pause during the closer is waited out with the batch's leases
+// renewed first, so they outlast the wait and the closer after it.
+func TestPauseDuringTheCloserRenewsTheBatchsLeases(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	api := newPoliteAPI(t, 0, 0)
+	madeUp := 0
+	var atPause, atRerun time.Time
+	leaseUntil := func(agg string) time.Time {
+		var at time.Time
+		if err := db.Pool.QueryRow(bg, `SELECT `+agg+`(lease_expires_at) FROM reconcile_state WHERE lease_owner IS NOT NULL`).Scan(&at); err != nil {
+			t.Error(err)
+		}
+		return at
+	}
+	api.throttle = func(_ int, key string) string {
+		if !strings.HasPrefix(key, reconcile.SelfCheckKeyPrefix) {
+			return ""
+		}
+		switch madeUp++; madeUp {
+		case 2: // the closer
+			atPause = leaseUntil("max")
+			return "1"
+		case 3: // the closer again, after the pause
+			atRerun = leaseUntil("min")
+		}
+		return ""
+	}
+	stuckMany(t, db, "tickets", 2)
+	e, _ := politeEngine(t, db, reconcile.Config{Lease: 8 * time.Second, Tools: map[string]reconcile.Policy{
+		"tickets": {Probe: api.probe(t), WitnessNotRequired: true, ProbeTimeout: time.Second}}})
+	rep := run(t, e, reconcile.Options{})
+	if rep.Decided != 2 {
+		t.Fatalf("decided %d (%v), want the batch written after the pause", rep.Decided, rep.Actions)
+	}
+	if !atRerun.After(atPause) {
+		t.Fatalf("leases at the rerun end %s, at the pause %s: not renewed before the wait", atRerun, atPause)
 	}
 }

@@ -134,12 +134,14 @@ func (e *Engine) recordCheck(ctx context.Context, r CheckResult, cc checkContext
 			if err != nil {
 				return err
 			}
+			// Raised whenever not_found verdicts are held, even when this
+			// check saw a witness and the batch's opener did not.
 			switch {
-			case r.Witnessed():
-				return resolve(alerts.ReasonProbeUnwitnessed, "a present-side sample came back found: not_found verdicts are believed again")
 			case r.Trusted() && cc.heldNotFound > 0:
 				return raise(alerts.Alert{Reason: alerts.ReasonProbeUnwitnessed, Tool: r.Tool,
 					Details: alerts.Details{Note: unwitnessedNote(r.Tool, cc.heldNotFound), LastError: safetext.Clip(r.evidenceText(), 1800)}})
+			case r.Witnessed():
+				return resolve(alerts.ReasonProbeUnwitnessed, "a present-side sample came back found: not_found verdicts are believed again")
 			}
 			return nil
 		})
