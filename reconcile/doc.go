@@ -7,13 +7,16 @@
 //	for each tool with processing keys (in parallel, bounded):
 //	    breaker open? ── yes ──► skip the tool this pass (its keys untouched)
 //	    half-open?    ── another replica has the trial ──► skip
-//	    probe trusted? (self-check) ── no ──► skip, probe_untrusted alert
-//	    loop:
+//	    opening self-check trusted? ── no ──► skip, probe_untrusted alert
+//	    loop, one batch at a time (up to 2 s of leases):
 //	        LeaseDue (FOR NO KEY UPDATE SKIP LOCKED + lease row; committed)
 //	        for each leased key (bounded: global and per-tool concurrency):
 //	            probe   ── no row lock is held while it runs ──
-//	            decide  ── one transaction: compare-and-set transition,
-//	                       bookkeeping, audit row, alerts into the outbox
+//	            hold the answer (self-check off: straight to decide)
+//	        closing self-check trusted? ── no ──► give the batch back, stop
+//	        for each held answer (not_found: only with a witness):
+//	            decide  ── one transaction per group: compare-and-set
+//	                       transition, bookkeeping, audit row, alerts
 //
 // # Decisions
 //
@@ -38,12 +41,14 @@
 // A lease that expires without a decision (the process died) makes the key
 // due again at once: a crash is not a failed attempt. A pass cancelled
 // mid-probe gives its leases back without counting an attempt; a decision
-// whose probe has finished is still written (with a short, detached
-// deadline). A graceful stop (Options.Stop closed, ctx still alive: serve's
-// shutdown grace) leases nothing more and starts no probe, gives back the
-// keys leased but not yet probing, and lets the probes in flight finish and
-// their decisions be written; cancelling ctx then gives back what still
-// runs. Either way the run is recorded as stopped (ledgerkeeper_runs: no
+// whose probe has finished and whose batch's closing check passed is still
+// written (with a short, detached deadline), while answers still waiting
+// for their closer are given back. A graceful stop (Options.Stop closed, ctx
+// still alive: serve's shutdown grace) leases nothing more and starts no
+// key's probe, gives back the keys leased but not yet probing, lets the
+// probes in flight finish, runs the last batch's closing check (its only
+// probes after the stop) and writes the batch if it passed; cancelling ctx
+// then gives back what still runs. Either way the run is recorded as stopped (ledgerkeeper_runs: no
 // error, stats "stopped": true; reconcile_passes_total{result="stopped"}),
 // not failed.
 //
@@ -73,11 +78,12 @@
 //
 //	outcome       when                                  effect
 //	untrusted     the absent side failed, or most       no key of the tool
-//	              samples failed (all, when fewer       changes state; one
-//	              than three were drawn)                probe_untrusted alert
+//	              judged samples failed (all, when      changes state; one
+//	              fewer than three)                     probe_untrusted alert
 //	inconclusive  the absent side was not answered or   no key changes state;
 //	              could not be rendered, or samples     unanswered probes
-//	              were drawn and none was found         count for the breaker
+//	              were judged (not witness-only) and    count for the breaker;
+//	              none was found                        no alert
 //	trusted       otherwise; failed samples are         verdicts are acted on;
 //	              disagreements (one record deleted     disagreements counted
 //	              or changed downstream), reported
@@ -85,12 +91,16 @@
 // Every batch of a tool's verdicts is bracketed (bracket.go): a check
 // trusted before its first probe (the opener: fresh for every pass, never a
 // stored one) and another sent after its last answer (the closer, which
-// opens the next batch: B batches cost B+1 checks). The batch's answers wait
-// in memory, under their leases, for the closer; a closer that is not
-// trusted gives the whole batch back (no attempt, no back-off, no audit row,
-// report action withheld_untrusted) and its probe_untrusted alert says what
-// changed since the opener. A not_found is applied only when both checks
-// saw a present-side sample come back found; otherwise it is held
+// opens the next batch: B batches cost B+1 checks, plus a rerun of a closer
+// interrupted by a short Retry-After). The batch's answers wait in memory,
+// under their leases (renewed when the closer or a pause would outlast
+// them; a pause they cannot outlast gives the batch back), for the closer;
+// a closer that is not trusted gives the whole batch back (no attempt, no
+// back-off, no audit row, report action withheld_untrusted) and, when
+// untrusted, its probe_untrusted alert says what changed since the opener.
+// Batches of the pass already closed by a trusted check are still written.
+// A not_found is applied only when each check of its bracket saw a
+// present-side sample (any of them) come back found; otherwise it is held
 // (withheld_unwitnessed) and one probe_unwitnessed alert says how to add a
 // canary. found and duplicate verdicts need no witness. The bracket holds
 // for every pass alike: serve's, `reconcile`, `reconcile --key`, a
