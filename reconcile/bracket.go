@@ -59,17 +59,17 @@ const (
 // batch is a tool's open bracket: the trusted check that opened it and the
 // answers waiting for its closer.
 type batch struct {
-	mu       sync.Mutex
-	opener   *CheckResult
-	held     []probed
-	leased   int
-	start    time.Time
+	mu     sync.Mutex
+	opener *CheckResult
+	held   []probed
+	leased int
+	start  time.Time
 	// leasesFrom is when the batch's oldest lease was taken or last
 	// renewed (local monotonic time): its answers must be written before
 	// leasesFrom + reconcile.lease.
 	leasesFrom time.Time
-	shape    json.RawMessage // a leased key's request body, for the made-up key
-	closeNow bool            // close after the keys leased so far (half-open trial)
+	shape      json.RawMessage // a leased key's request body, for the made-up key
+	closeNow   bool            // close after the keys leased so far (half-open trial)
 }
 
 // noteLeased adds keys just leased to the batch.
