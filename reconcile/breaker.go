@@ -36,6 +36,42 @@ func Breakers(ctx context.Context, db ledger.DBTX) ([]Breaker, error) {
 	return store.Breakers(ctx, db)
 }
 
+// breakerCount is what the breaker's opening rule reads: the unknown
+// verdicts since the last conclusive one, and whether the breaker has
+// opened before and not closed since (half-open). The database's row is
+// judged by it in the decisions' transactions (countVerdicts), and a pass's
+// own count by it as verdicts come (toolRun.recordVerdict), so that the two
+// never disagree on when the breaker opens.
+type breakerCount struct {
+	consecutive int
+	halfOpen    bool
+}
+
+// breakerThreshold is how many consecutive unknown verdicts open a tool's
+// breaker: breaker.failures, or one when half-open (its trial failed).
+func breakerThreshold(failures int, halfOpen bool) int {
+	if halfOpen {
+		return 1
+	}
+	return failures
+}
+
+// opens reports whether the count opens the breaker.
+func (c breakerCount) opens(failures int) bool {
+	return c.consecutive >= breakerThreshold(failures, c.halfOpen)
+}
+
+// after is the count after one more verdict, and whether that verdict
+// opens the breaker: a conclusive one restarts the count and closes a
+// half-open breaker, an unknown one adds to it.
+func (c breakerCount) after(conclusive bool, failures int) (breakerCount, bool) {
+	if conclusive {
+		return breakerCount{}, false
+	}
+	c.consecutive++
+	return c, c.opens(failures)
+}
+
 // verdictCount is what one transaction tells a tool's breaker.
 type verdictCount struct {
 	tool       string
@@ -91,11 +127,8 @@ func (e *Engine) countVerdicts(ctx context.Context, tx pgx.Tx, vc verdictCount) 
 		ch.open, ch.until, ch.opens = true, *b.OpenUntil, b.Opens
 		return ch, nil
 	}
-	threshold := cfg.BreakerFailures
-	if b.Opens > 0 {
-		threshold = 1 // half-open: the trial failed
-	}
-	if b.Consecutive < threshold {
+	// Not open (returned above): opens > 0 is half-open, the trial failed.
+	if !(breakerCount{consecutive: b.Consecutive, halfOpen: b.HalfOpen()}).opens(cfg.BreakerFailures) {
 		return ch, nil
 	}
 	if ch.until, ch.opens, err = store.OpenBreaker(ctx, tx, vc.tool, cfg.BreakerCooldown, cfg.BreakerMaxCooldown); err != nil {

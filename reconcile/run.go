@@ -435,17 +435,9 @@ func (t *toolRun) isOpen() bool {
 func (t *toolRun) recordVerdict(conclusive bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if conclusive {
-		t.consecutive = 0
-		t.halfOpen = false
-		return
-	}
-	t.consecutive++
-	threshold := t.p.e.cfg.BreakerFailures
-	if t.halfOpen {
-		threshold = 1
-	}
-	if t.consecutive >= threshold {
+	c, opens := breakerCount{consecutive: t.consecutive, halfOpen: t.halfOpen}.after(conclusive, t.p.e.cfg.BreakerFailures)
+	t.consecutive, t.halfOpen = c.consecutive, c.halfOpen
+	if opens {
 		t.open = true
 	}
 }
