@@ -33,6 +33,10 @@
 // content; other arguments and a missing key get a JSON-RPC invalid-params
 // error (-32602); a call with the key in flight gets a tool error (IsError);
 // no-cached-5xx does not apply.
+//
+// The scenarios are written once (battery), against a transport; each
+// transport (httpTransport, mcpTransport) makes calls, reads their answers
+// into replies, and names them in its own words.
 package conformance
 
 import (
@@ -169,34 +173,84 @@ func variant(body json.RawMessage) (json.RawMessage, error) {
 	return json.Marshal(m)
 }
 
-// answer is one HTTP answer as the battery sees it.
-type answer struct {
-	code     int
-	replayed string
-	env      ledger.Envelope
-	envOK    bool
-	raw      []byte
-	err      error
+// transport is one way of calling the tool under test. The battery's
+// scenarios are written once against it; a transport adapts them to its
+// protocol.
+type transport interface {
+	// call makes one call with key (none when "") and body, bounded by
+	// timeout.
+	call(ctx context.Context, key string, body json.RawMessage, timeout time.Duration) reply
+	// terms are the transport's words in assertion names and evidence.
+	terms() terms
+	// finally are the findings over every call the battery made, checked
+	// after the last scenario.
+	finally() []finding
 }
 
-func (a answer) replay() bool { return a.envOK && a.env.IdempotentReplay }
+// reply is one answer to a call, as the battery judges it.
+type reply struct {
+	err error
+	// ok: the tool's success (an HTTP 2xx, an MCP result without isError).
+	ok bool
+	// replay: the answer says it replays a stored outcome.
+	replay bool
+	// inFlight: the answer says the key is in flight (409, the in-flight
+	// tool error).
+	inFlight bool
+	// code is the status a refusal is recognised by: the HTTP status, or
+	// the JSON-RPC error code; 0 for none.
+	code int64
+	// content is what a first answer and its replay must share, "" when
+	// there is nothing to compare; shown is it as evidence.
+	content, shown string
+	// text names the answer; detail adds an excerpt of its body.
+	text, detail string
+	// markers say whether the answer is marked as a replay, one finding a
+	// marker, each named as a predicate of the answer ("answer says …").
+	markers []finding
+}
 
-func (a answer) String() string {
-	if a.err != nil {
-		return "no answer: " + a.err.Error()
-	}
-	s := fmt.Sprintf("%d", a.code)
-	if a.replay() {
-		s += " replay"
-	}
-	return s
+func (a reply) String() string { return a.text }
+
+// replayed reports a success that says it is a replay.
+func (a reply) replayed() bool { return a.ok && a.replay }
+
+// finding is one checked statement a transport contributes.
+type finding struct {
+	name string
+	ok   bool
+	seen string
+}
+
+// terms are a transport's words, where the battery's assertions and
+// evidence differ between transports.
+type terms struct {
+	unit         string // one call: "request"
+	ok           string // a success, after "first ": "answer 2xx"
+	firsts       string // executed calls, counted: "first answers"
+	inFlight     string // an in-flight answer: "a 409"
+	inFlights    string // in-flight answers, counted: "conflicts (409)"
+	retry        string // the retry's in-flight answer: "gets 409"
+	deadlineSkip string // the client-deadline skip: "gets 409, never a second effect"
+	outcome      string // what is stored: "outcome"
+	identical    string // the same-key-twice comparison: "identical bodies after normalisation"
+	otherArgs    string // the refusal of other arguments: "gets 422"
+	missingKey   string // the missing-key assertion: "a request without Idempotency-Key gets 400"
+	// otherArgsCode and missingKeyCode are the refusals' reply codes.
+	otherArgsCode, missingKeyCode int64
 }
 
 type runner struct {
-	cfg  Config
-	rep  Report
-	mu   sync.Mutex
-	seen []answer
+	cfg Config
+	rep Report
+	t   transport
+	w   terms
+}
+
+// battery is the contract's scenarios, in order, whatever the transport.
+var battery = []func(*runner, context.Context){
+	(*runner).probeControl, (*runner).sameKeyTwice, (*runner).otherArguments,
+	(*runner).concurrent, (*runner).missingKey, (*runner).clientDeadline,
 }
 
 // Run runs the battery. It returns an error only for a bad configuration;
@@ -224,16 +278,27 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Concurrency}}
 	}
 	r := &runner{cfg: cfg, rep: Report{URL: cfg.URL, Tool: cfg.Tool, KeyPrefix: cfg.KeyPrefix}}
-	if cfg.MCPTool != "" {
-		return runMCP(ctx, r)
+	if cfg.MCPTool == "" {
+		r.t = &httpTransport{cfg: cfg}
+	} else {
+		m, err := dialMCP(ctx, cfg)
+		if err != nil {
+			r.record(Fail, "mcp/connect over streamable HTTP", "%v", err)
+			return r.rep, nil
+		}
+		defer m.close()
+		r.t = m
 	}
-	for _, s := range []func(context.Context){r.probeControl, r.sameKeyTwice, r.otherArguments, r.concurrent, r.missingKey, r.clientDeadline} {
+	r.w = r.t.terms()
+	for _, s := range battery {
 		if ctx.Err() != nil {
 			return r.rep, fmt.Errorf("conformance interrupted: %w", ctx.Err())
 		}
-		s(ctx)
+		s(r, ctx)
 	}
-	r.noCached5xx()
+	for _, f := range r.t.finally() {
+		r.check(f.ok, f.name, "%s", f.seen)
+	}
 	return r.rep, nil
 }
 
@@ -260,41 +325,9 @@ func (r *runner) check(ok bool, name, format string, args ...any) bool {
 
 func (r *runner) key(scenario string) string { return r.cfg.KeyPrefix + scenario }
 
-// send POSTs body with key (none when key is empty) under timeout.
-func (r *runner) send(ctx context.Context, key string, body json.RawMessage, timeout time.Duration) answer {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	a := r.do(ctx, key, body)
-	r.mu.Lock()
-	r.seen = append(r.seen, a)
-	r.mu.Unlock()
-	return a
-}
-
-func (r *runner) do(ctx context.Context, key string, body json.RawMessage) answer {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.cfg.URL, bytes.NewReader(body))
-	if err != nil {
-		return answer{err: err}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set(ledger.HeaderIdempotencyKey, key)
-	}
-	resp, err := r.cfg.Client.Do(req)
-	if err != nil {
-		return answer{err: err}
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return answer{err: err}
-	}
-	a := answer{code: resp.StatusCode, replayed: resp.Header.Get(ledger.HeaderReplayed), raw: raw}
-	var probe map[string]json.RawMessage
-	if json.Unmarshal(raw, &probe) == nil && probe["idempotent_replay"] != nil {
-		a.envOK = json.Unmarshal(raw, &a.env) == nil
-	}
-	return a
+// call makes one call with key and body through the transport.
+func (r *runner) call(ctx context.Context, key string, body json.RawMessage, timeout time.Duration) reply {
+	return r.t.call(ctx, key, body, timeout)
 }
 
 // effect asks the probe about key and asserts want (found or not_found).
@@ -316,137 +349,102 @@ func (r *runner) effect(ctx context.Context, name, key string, body json.RawMess
 	r.check(res.Verdict == want, name, "%s", seen)
 }
 
-func is2xx(code int) bool { return code >= 200 && code < 300 }
-
 func (r *runner) probeControl(ctx context.Context) {
 	r.effect(ctx, "probe-control/a key never sent is not found", r.key("probe-control"), r.cfg.Body, probes.NotFound)
 }
 
 func (r *runner) sameKeyTwice(ctx context.Context) {
+	const prefix = "same-key-twice/"
 	key := r.key("same-key-twice")
-	first := r.send(ctx, key, r.cfg.Body, r.cfg.Timeout)
-	second := r.send(ctx, key, r.cfg.Body, r.cfg.Timeout)
-	r.check(is2xx(first.code) && first.err == nil && !first.replay(), "same-key-twice/first answer 2xx, not a replay", "%s", first)
-	r.check(is2xx(second.code) && second.err == nil, "same-key-twice/second answer 2xx", "%s", second)
-	r.check(second.replay(), "same-key-twice/second answer says idempotent_replay true", "envelope %s", excerpt(second.raw))
-	r.check(second.replayed == "true", "same-key-twice/second answer carries the header "+ledger.HeaderReplayed+" true", "header %q", second.replayed)
-	n1, n2 := normalise(first.raw), normalise(second.raw)
-	r.check(first.code == second.code && n1 != "" && n1 == n2, "same-key-twice/identical bodies after normalisation",
-		"first %d %s, second %d %s", first.code, excerpt([]byte(n1)), second.code, excerpt([]byte(n2)))
-	r.effect(ctx, "same-key-twice/one effect", key, r.cfg.Body, probes.Found)
+	first := r.call(ctx, key, r.cfg.Body, r.cfg.Timeout)
+	second := r.call(ctx, key, r.cfg.Body, r.cfg.Timeout)
+	r.check(first.ok && !first.replay, prefix+"first "+r.w.ok+", not a replay", "%s", first)
+	r.check(second.ok, prefix+"second "+r.w.ok, "%s", second)
+	for _, m := range second.markers {
+		r.check(m.ok, prefix+"second "+m.name, "%s", m.seen)
+	}
+	r.check(first.content != "" && first.content == second.content, prefix+r.w.identical,
+		"first %s, second %s", first.shown, second.shown)
+	r.effect(ctx, prefix+"one effect", key, r.cfg.Body, probes.Found)
 }
 
 func (r *runner) otherArguments(ctx context.Context) {
 	key := r.key("other-arguments")
-	first := r.send(ctx, key, r.cfg.Body, r.cfg.Timeout)
-	other := r.send(ctx, key, r.cfg.OtherBody, r.cfg.Timeout)
-	r.check(is2xx(first.code) && first.err == nil, "other-arguments/first answer 2xx", "%s", first)
-	r.check(other.code == http.StatusUnprocessableEntity, "other-arguments/the key with other arguments gets 422", "%s %s", other, excerpt(other.raw))
+	first := r.call(ctx, key, r.cfg.Body, r.cfg.Timeout)
+	other := r.call(ctx, key, r.cfg.OtherBody, r.cfg.Timeout)
+	r.check(first.ok, "other-arguments/first "+r.w.ok, "%s", first)
+	r.check(other.code == r.w.otherArgsCode, "other-arguments/the key with other arguments "+r.w.otherArgs, "%s", other.detail)
 	r.effect(ctx, "other-arguments/still one effect", key, r.cfg.Body, probes.Found)
 }
 
 func (r *runner) concurrent(ctx context.Context) {
 	key := r.key("concurrent")
 	n := r.cfg.Concurrency
-	answers := together(n, func() answer { return r.send(ctx, key, r.cfg.Body, r.cfg.Timeout) })
-	firsts, conflicts, replays := 0, 0, 0
+	answers := together(n, func() reply { return r.call(ctx, key, r.cfg.Body, r.cfg.Timeout) })
+	firsts, inFlight, replays := 0, 0, 0
 	var others []string
 	for _, a := range answers {
 		switch {
-		case a.err == nil && is2xx(a.code) && !a.replay():
-			firsts++
-		case a.err == nil && is2xx(a.code) && a.replay():
+		case a.replayed():
 			replays++
-		case a.err == nil && a.code == http.StatusConflict:
-			conflicts++
+		case a.ok:
+			firsts++
+		case a.inFlight:
+			inFlight++
 		default:
 			others = append(others, a.String())
 		}
 	}
-	seen := fmt.Sprintf("%d requests: %d first answers, %d replays, %d conflicts (409)", n, firsts, replays, conflicts)
+	seen := fmt.Sprintf("%d %ss: %d %s, %d replays, %d %s", n, r.w.unit, firsts, r.w.firsts, replays, inFlight, r.w.inFlights)
 	if len(others) > 0 {
 		seen += ", other answers: " + strings.Join(others[:min(len(others), 5)], "; ")
 	}
-	r.check(firsts == 1, "concurrent/exactly one request executed", "%s", seen)
-	r.check(len(others) == 0, "concurrent/every other answer a 409 or a replay", "%s", seen)
+	r.check(firsts == 1, "concurrent/exactly one "+r.w.unit+" executed", "%s", seen)
+	r.check(len(others) == 0, "concurrent/every other answer "+r.w.inFlight+" or a replay", "%s", seen)
 	r.effect(ctx, "concurrent/exactly one effect", key, r.cfg.Body, probes.Found)
 }
 
 func (r *runner) missingKey(ctx context.Context) {
-	const name = "missing-key/a request without Idempotency-Key gets 400"
+	name := "missing-key/" + r.w.missingKey
 	if r.cfg.AllowMissingKey {
-		r.record(Skip, name, "the tool accepts requests without a key (--allow-missing-key)")
+		r.record(Skip, name, "the tool accepts %ss without a key (--allow-missing-key)", r.w.unit)
 		return
 	}
-	a := r.send(ctx, "", r.cfg.Body, r.cfg.Timeout)
-	r.check(a.code == http.StatusBadRequest, name, "%s %s", a, excerpt(a.raw))
+	a := r.call(ctx, "", r.cfg.Body, r.cfg.Timeout)
+	r.check(a.code == r.w.missingKeyCode, name, "%s", a.detail)
 }
 
 func (r *runner) clientDeadline(ctx context.Context) {
 	const prefix = "client-deadline/"
 	if len(r.cfg.SlowBody) == 0 {
-		r.record(Skip, prefix+"the retry after a client deadline gets 409, never a second effect", "needs a slow-path request (--slow-body) that takes longer than the client deadline")
+		r.record(Skip, prefix+"the retry after a client deadline "+r.w.deadlineSkip,
+			"needs a slow-path %s (--slow-body) that takes longer than the client deadline", r.w.unit)
 		return
 	}
 	key := r.key("client-deadline")
-	first := r.send(ctx, key, r.cfg.SlowBody, r.cfg.SlowDeadline)
-	if !r.check(errors.Is(first.err, context.DeadlineExceeded), prefix+"the slow request outlives the client deadline",
+	first := r.call(ctx, key, r.cfg.SlowBody, r.cfg.SlowDeadline)
+	if !r.check(errors.Is(first.err, context.DeadlineExceeded), prefix+"the slow "+r.w.unit+" outlives the client deadline",
 		"%s within %s", first, r.cfg.SlowDeadline) {
 		return
 	}
-	retry := r.send(ctx, key, r.cfg.SlowBody, r.cfg.Timeout)
-	r.check(retry.err == nil && (retry.code == http.StatusConflict || (is2xx(retry.code) && retry.replay())),
-		prefix+"the immediate retry gets 409 (or a replay), not a second execution", "%s %s", retry, excerpt(retry.raw))
-	// Wait for the slow request to finish: retry until it is no longer in
+	retry := r.call(ctx, key, r.cfg.SlowBody, r.cfg.Timeout)
+	r.check(retry.inFlight || retry.replayed(), prefix+"the immediate retry "+r.w.retry+" (or a replay), not a second execution", "%s", retry.detail)
+	// Wait for the slow call to finish: retry until it is no longer in
 	// flight.
 	deadline := time.Now().Add(r.cfg.Settle)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	last := retry
-	for last.err == nil && last.code == http.StatusConflict && time.Now().Before(deadline) {
+	for last.inFlight && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-		last = r.send(ctx, key, r.cfg.SlowBody, r.cfg.Timeout)
+		last = r.call(ctx, key, r.cfg.SlowBody, r.cfg.Timeout)
 	}
-	r.check(last.err == nil && is2xx(last.code) && last.replay(), prefix+"once finished, a retry gets the stored outcome replayed",
-		"%s %s", last, excerpt(last.raw))
+	r.check(last.replayed(), prefix+"once finished, a retry gets the stored "+r.w.outcome+" replayed", "%s", last.detail)
 	r.effect(ctx, prefix+"one effect", key, r.cfg.SlowBody, probes.Found)
-}
-
-func (r *runner) noCached5xx() {
-	var bad []string
-	for _, a := range r.seen {
-		if a.err == nil && a.code >= 500 && (a.replay() || a.replayed == "true") {
-			bad = append(bad, fmt.Sprintf("%d %s", a.code, excerpt(a.raw)))
-		}
-	}
-	seen := fmt.Sprintf("%d answers, none a replayed 5xx", len(r.seen))
-	if len(bad) > 0 {
-		seen = fmt.Sprintf("%d of %d answers a replayed 5xx, e.g. %s", len(bad), len(r.seen), bad[0])
-	}
-	r.check(len(bad) == 0, "no-cached-5xx/a 5xx is never stored and replayed", "%s", seen)
-}
-
-// normalise returns the body's canonical JSON with the replay flag set
-// aside ("" when the body is not JSON).
-func normalise(raw []byte) string {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(raw, &m) == nil && m != nil {
-		delete(m, "idempotent_replay")
-		b, err := json.Marshal(m)
-		if err != nil {
-			return ""
-		}
-		raw = b
-	}
-	c, err := ledger.Canonical(raw)
-	if err != nil {
-		return ""
-	}
-	return string(c)
 }
 
 func excerpt(b []byte) string {
