@@ -76,8 +76,21 @@ func (c breakerCount) after(conclusive bool, failures int) (breakerCount, bool) 
 type verdictCount struct {
 	tool       string
 	conclusive bool // at least one conclusive verdict: the count restarts
-	unknowns   int  // unknown verdicts (after the conclusive ones)
+	unknowns   int  // unknown verdicts after the last conclusive one
 	lastErr    string
+}
+
+// add counts the transaction's next verdict, in the order of its plans: a
+// conclusive one restarts the count (the unknowns before it are answered
+// by it), so only the unknowns after the last conclusive one are added to
+// the breaker's count.
+func (vc *verdictCount) add(conclusive bool, errText string) {
+	if conclusive {
+		vc.conclusive, vc.unknowns, vc.lastErr = true, 0, ""
+		return
+	}
+	vc.unknowns++
+	vc.lastErr = errText
 }
 
 // breakerChange is what countVerdicts did.

@@ -294,12 +294,7 @@ func (p *pass) commitPlans(ctx context.Context, plans []*plan) error {
 				vc = &verdictCount{tool: pl.l.Tool}
 				counts[pl.l.Tool] = vc
 			}
-			if pl.conclusive {
-				vc.conclusive = true
-			} else {
-				vc.unknowns++
-				vc.lastErr = pl.d.Error
-			}
+			vc.add(pl.conclusive, pl.d.Error)
 		}
 		changes := map[string]breakerChange{}
 		for _, tool := range slices.Sorted(maps.Keys(counts)) {
