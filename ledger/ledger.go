@@ -44,31 +44,30 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Key is one row of idempotency_keys.
+// Key is one row of idempotency_keys, read by column name: each field's db
+// tag names its column (pgx.RowToStructByName).
 type Key struct {
-	Key          string          `json:"key"`
-	Tool         string          `json:"tool"`
-	RequestHash  string          `json:"request_hash"`
-	RequestBody  json.RawMessage `json:"request_body,omitempty"`
-	Status       string          `json:"status"`
-	ResponseCode *int            `json:"response_code,omitempty"`
-	ResponseBody json.RawMessage `json:"response_body,omitempty"`
-	CreatedAt    time.Time       `json:"created_at"`
-	ClaimedAt    time.Time       `json:"claimed_at"`
-	UpdatedAt    time.Time       `json:"updated_at"`
-	ExpiresAt    time.Time       `json:"expires_at"`
-	HeartbeatAt  *time.Time      `json:"heartbeat_at,omitempty"`
+	Key          string          `json:"key" db:"key"`
+	Tool         string          `json:"tool" db:"tool"`
+	RequestHash  string          `json:"request_hash" db:"request_hash"`
+	RequestBody  json.RawMessage `json:"request_body,omitempty" db:"request_body"`
+	Status       string          `json:"status" db:"status"`
+	ResponseCode *int            `json:"response_code,omitempty" db:"response_code"`
+	ResponseBody json.RawMessage `json:"response_body,omitempty" db:"response_body"`
+	CreatedAt    time.Time       `json:"created_at" db:"created_at"`
+	ClaimedAt    time.Time       `json:"claimed_at" db:"claimed_at"`
+	UpdatedAt    time.Time       `json:"updated_at" db:"updated_at"`
+	ExpiresAt    time.Time       `json:"expires_at" db:"expires_at"`
+	HeartbeatAt  *time.Time      `json:"heartbeat_at,omitempty" db:"heartbeat_at"`
 }
 
-const keyColumns = `key, tool, request_hash, request_body, status, response_code, response_body,
+// KeyColumns is the select list of a whole Key: the columns of its db tags.
+// It exists once so that every statement reading a whole key, here and in
+// the reconciler's store, reads the same row; pair it with
+// pgx.RowToStructByName[Key], which refuses a column without a field and a
+// field without a column.
+const KeyColumns = `key, tool, request_hash, request_body, status, response_code, response_body,
 	created_at, claimed_at, updated_at, expires_at, heartbeat_at`
-
-func scanKey(row pgx.Row) (Key, error) {
-	var k Key
-	err := row.Scan(&k.Key, &k.Tool, &k.RequestHash, &k.RequestBody, &k.Status, &k.ResponseCode,
-		&k.ResponseBody, &k.CreatedAt, &k.ClaimedAt, &k.UpdatedAt, &k.ExpiresAt, &k.HeartbeatAt)
-	return k, err
-}
 
 // wrap turns a pgx error into ours, naming the operation.
 func wrap(op string, err error) error {
@@ -83,8 +82,12 @@ func wrap(op string, err error) error {
 
 // Get reads one key.
 func Get(ctx context.Context, db DBTX, key string) (Key, error) {
-	const q = `SELECT ` + keyColumns + ` FROM idempotency_keys WHERE key = $1`
-	k, err := scanKey(db.QueryRow(ctx, q, key))
+	const q = `SELECT ` + KeyColumns + ` FROM idempotency_keys WHERE key = $1`
+	rows, err := db.Query(ctx, q, key)
+	if err != nil {
+		return Key{}, wrap("get key", err)
+	}
+	k, err := pgx.CollectOneRow(rows, pgx.RowToStructByName[Key])
 	return k, wrap("get key", err)
 }
 

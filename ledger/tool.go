@@ -91,17 +91,20 @@ func claimAs(ctx context.Context, db DBTX, p ClaimParams, shape claimShape) (Cla
 // saves scanning seven columns per call.
 type claimShape struct {
 	sql  string
-	scan func(k *Key) []any
+	read pgx.RowToFunc[claimRow]
+}
+
+// claimRow is a row of the claim statement, read by column name: whether
+// this call claimed the key, and the key as it stands.
+type claimRow struct {
+	Claimed bool `db:"claimed"`
+	Key
 }
 
 var (
-	claimFull = newClaimShape(keyColumns, func(k *Key) []any {
-		return []any{&k.Key, &k.Tool, &k.RequestHash, &k.RequestBody, &k.Status, &k.ResponseCode,
-			&k.ResponseBody, &k.CreatedAt, &k.ClaimedAt, &k.UpdatedAt, &k.ExpiresAt, &k.HeartbeatAt}
-	})
-	claimSlim = newClaimShape(`request_hash, status, response_code, response_body, claimed_at`, func(k *Key) []any {
-		return []any{&k.RequestHash, &k.Status, &k.ResponseCode, &k.ResponseBody, &k.ClaimedAt}
-	})
+	claimFull = newClaimShape(KeyColumns, pgx.RowToStructByName[claimRow])
+	// Lax: the Key's fields without a column here are left zero.
+	claimSlim = newClaimShape(`request_hash, status, response_code, response_body, claimed_at`, pgx.RowToStructByNameLax[claimRow])
 )
 
 // newClaimShape builds the one claim statement, reading back cols.
@@ -116,8 +119,8 @@ var (
 // re-claimed nor read, and no row comes back. Then we go round again
 // with a fresh snapshot, which sees the row that won (or, if it was
 // purged meanwhile, none, and the insert wins).
-func newClaimShape(cols string, scan func(k *Key) []any) claimShape {
-	return claimShape{scan: scan, sql: `WITH ins AS (
+func newClaimShape(cols string, read pgx.RowToFunc[claimRow]) claimShape {
+	return claimShape{read: read, sql: `WITH ins AS (
 		INSERT INTO idempotency_keys (key, tool, request_hash, request_body, expires_at)
 		VALUES ($1, $2, $3, $4, now() + $5::interval)
 		ON CONFLICT (key) DO NOTHING
@@ -130,7 +133,7 @@ func newClaimShape(cols string, scan func(k *Key) []any) claimShape {
 		WHERE key = $1 AND status = 'failed_retryable' AND request_hash = $3
 		RETURNING ` + cols + `
 	)
-	SELECT true, ` + cols + ` FROM ins
+	SELECT true AS claimed, ` + cols + ` FROM ins
 	UNION ALL
 	SELECT true, ` + cols + ` FROM re
 	UNION ALL
@@ -141,10 +144,12 @@ func newClaimShape(cols string, scan func(k *Key) []any) claimShape {
 // claim runs the claim statement of shape; p is valid, ttl > 0.
 func claim(ctx context.Context, db DBTX, p ClaimParams, ttl time.Duration, shape claimShape) (ClaimResult, error) {
 	for range 5 {
-		var claimed bool
-		var k Key
-		err := db.QueryRow(ctx, shape.sql, p.Key, p.Tool, p.RequestHash, nullJSON(p.RequestBody), ttl).Scan(
-			append([]any{&claimed}, shape.scan(&k)...)...)
+		rows, err := db.Query(ctx, shape.sql, p.Key, p.Tool, p.RequestHash, nullJSON(p.RequestBody), ttl)
+		if err != nil {
+			return ClaimResult{}, wrap("claim key", err)
+		}
+		row, err := pgx.CollectOneRow(rows, shape.read)
+		claimed, k := row.Claimed, row.Key
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // changed after our snapshot: look again
 		}

@@ -201,7 +201,7 @@ func validCanary(tool, key, actor, reason string) error {
 // failed_retryable, reconciler- or operator-completed, excluded): a few on a
 // live tool, and at worst the tool's whole range when it has no ground
 // truth at all.
-const newestGroundTruth = `SELECT ` + keyColumns + `
+const newestGroundTruth = `SELECT ` + ledger.KeyColumns + `
 FROM idempotency_keys k
 WHERE k.tool = $1
   AND k.status = 'completed'
@@ -225,7 +225,7 @@ func NewestGroundTruth(ctx context.Context, db ledger.DBTX, tool string, exclude
 	if exclude == nil {
 		exclude = []string{} // NULL would make NOT (key = ANY(NULL)) null: no row at all
 	}
-	k, err := scanKey(db.QueryRow(ctx, newestGroundTruth, tool, exclude, notGroundTruthActions))
+	k, err := oneKey(db.Query(ctx, newestGroundTruth, tool, exclude, notGroundTruthActions))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ledger.Key{}, false, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -21,17 +22,25 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// keyColumns and scanKey read a whole ledger.Key; they repeat ledger's own
-// (unexported there, so a tool server's API stays Claim and friends).
-// TestScanKeyReadsEveryColumn keeps the two in step with the struct.
-const keyColumns = `key, tool, request_hash, request_body, status, response_code, response_body,
-	created_at, claimed_at, updated_at, expires_at, heartbeat_at`
+// oneKey reads the first row of a statement that selects ledger.KeyColumns
+// as a whole ledger.Key, by column name; pgx.ErrNoRows when there is none.
+// It takes Query's two results: oneKey(db.Query(ctx, q, args...)).
+func oneKey(rows pgx.Rows, err error) (ledger.Key, error) {
+	if err != nil {
+		return ledger.Key{}, err
+	}
+	return pgx.CollectOneRow(rows, pgx.RowToStructByName[ledger.Key])
+}
 
-func scanKey(row pgx.Row) (ledger.Key, error) {
-	var k ledger.Key
-	err := row.Scan(&k.Key, &k.Tool, &k.RequestHash, &k.RequestBody, &k.Status, &k.ResponseCode,
-		&k.ResponseBody, &k.CreatedAt, &k.ClaimedAt, &k.UpdatedAt, &k.ExpiresAt, &k.HeartbeatAt)
-	return k, err
+// keyColumnsOf is ledger.KeyColumns qualified by a table alias, for
+// statements that join idempotency_keys to a table with columns of the same
+// names (key, tool, claimed_at, updated_at).
+func keyColumnsOf(alias string) string {
+	cols := strings.Split(ledger.KeyColumns, ",")
+	for i, c := range cols {
+		cols[i] = alias + "." + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
 }
 
 // wrap turns a pgx error into ours, naming the operation: pgx's ErrNoRows

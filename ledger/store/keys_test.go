@@ -9,9 +9,10 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
-// store reads whole keys with its own copy of ledger's column list and
-// scanner: a key with every column set must read the same both ways.
-func TestScanKeyReadsEveryColumn(t *testing.T) {
+// store reads whole keys as ledger does, ledger.KeyColumns by name: a key
+// with every column set reads the same through the store's read for update
+// as through ledger.Get.
+func TestStoreReadsEveryColumnOfAKeyAsLedgerDoes(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()

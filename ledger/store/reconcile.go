@@ -39,19 +39,20 @@ type LeaseParams struct {
 	ClaimedFrom time.Time
 }
 
-// Leased is a key leased for one probe attempt.
+// Leased is a key leased for one probe attempt, read by column name: the
+// key's columns (ledger.KeyColumns) and those of the db tags here.
 type Leased struct {
 	ledger.Key
 	// Attempts is the number of probe decisions already recorded for this
 	// claim of the key.
-	Attempts int
+	Attempts int `db:"attempts"`
 	// FirstNotFoundAt is when a not_found awaiting confirmation was seen.
-	FirstNotFoundAt *time.Time
+	FirstNotFoundAt *time.Time `db:"first_not_found_at"`
 	// LeaseExpiresAt is when the lease lapses.
-	LeaseExpiresAt time.Time
+	LeaseExpiresAt time.Time `db:"lease_expires_at"`
 	// Now is the database's clock when the key was leased: ages and waits
 	// are measured against it, never against a replica's clock.
-	Now time.Time
+	Now time.Time `db:"now"`
 }
 
 // duePredicate says when key k (joined with its reconcile_state s) is due,
@@ -81,44 +82,6 @@ func LeaseDue(ctx context.Context, db ledger.DBTX, p LeaseParams) ([]Leased, err
 	if p.Limit <= 0 || p.Owner == "" || p.Lease <= 0 {
 		panic("ledger: LeaseDue needs Limit, Owner and Lease")
 	}
-	const q = `
-WITH candidates AS (
-	SELECT k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
-	       k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at
-	FROM idempotency_keys k
-	LEFT JOIN reconcile_state s ON s.key = k.key
-	WHERE ` + duePredicate + `
-	  AND ($9::timestamptz IS NULL OR k.claimed_at >= $9)
-	ORDER BY k.claimed_at
-	LIMIT $6
-	FOR NO KEY UPDATE OF k SKIP LOCKED
-), leased AS (
-	INSERT INTO reconcile_state AS s (key, tool, claimed_at, lease_owner, lease_expires_at, updated_at)
-	SELECT key, tool, claimed_at, $7, now() + $8::interval, now() FROM candidates
-	ON CONFLICT (key) DO UPDATE SET
-		tool = excluded.tool,
-		lease_owner = excluded.lease_owner,
-		lease_expires_at = excluded.lease_expires_at,
-		updated_at = excluded.updated_at,
-		attempts = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.attempts ELSE 0 END,
-		next_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.next_probe_at END,
-		first_not_found_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END,
-		last_verdict = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_verdict END,
-		last_error = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_error END,
-		last_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_probe_at END,
-		claimed_at = excluded.claimed_at
-	-- Evaluated on the latest committed row, not the statement's snapshot:
-	-- a lease or back-off written since the snapshot still counts.
-	WHERE s.claimed_at <> excluded.claimed_at OR (
-	      (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
-	      AND ($5 OR s.next_probe_at IS NULL OR s.next_probe_at <= now()))
-	RETURNING s.key, s.attempts, s.first_not_found_at, s.lease_expires_at
-)
-SELECT c.key, c.tool, c.request_hash, c.request_body, c.status, c.response_code, c.response_body,
-       c.created_at, c.claimed_at, c.updated_at, c.expires_at, c.heartbeat_at,
-       l.attempts, l.first_not_found_at, l.lease_expires_at, now()
-FROM leased l JOIN candidates c ON c.key = l.key
-ORDER BY c.claimed_at`
 	var keys []string
 	if len(p.Keys) > 0 {
 		keys = p.Keys
@@ -132,17 +95,11 @@ ORDER BY c.claimed_at`
 	if !p.ClaimedFrom.IsZero() {
 		from = &p.ClaimedFrom
 	}
-	rows, err := db.Query(ctx, q, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, p.Owner, p.Lease, from)
+	rows, err := db.Query(ctx, leaseDue, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, p.Owner, p.Lease, from)
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Leased, error) {
-		var l Leased
-		err := row.Scan(&l.Key.Key, &l.Tool, &l.RequestHash, &l.RequestBody, &l.Status, &l.ResponseCode,
-			&l.ResponseBody, &l.CreatedAt, &l.ClaimedAt, &l.UpdatedAt, &l.ExpiresAt, &l.HeartbeatAt,
-			&l.Attempts, &l.FirstNotFoundAt, &l.LeaseExpiresAt, &l.Now)
-		return l, err
-	})
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[Leased])
 	if err != nil || len(out) == 0 {
 		return out, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
 	}
@@ -175,21 +132,49 @@ ORDER BY c.claimed_at`
 	return out, nil
 }
 
+// leaseDue is LeaseDue's statement: $1-$5 as in duePredicate, $6 limit,
+// $7 owner, $8 lease, $9 claimed from or null.
+var leaseDue = `
+WITH candidates AS (
+	SELECT ` + keyColumnsOf("k") + `
+	FROM idempotency_keys k
+	LEFT JOIN reconcile_state s ON s.key = k.key
+	WHERE ` + duePredicate + `
+	  AND ($9::timestamptz IS NULL OR k.claimed_at >= $9)
+	ORDER BY k.claimed_at
+	LIMIT $6
+	FOR NO KEY UPDATE OF k SKIP LOCKED
+), leased AS (
+	INSERT INTO reconcile_state AS s (key, tool, claimed_at, lease_owner, lease_expires_at, updated_at)
+	SELECT key, tool, claimed_at, $7, now() + $8::interval, now() FROM candidates
+	ON CONFLICT (key) DO UPDATE SET
+		tool = excluded.tool,
+		lease_owner = excluded.lease_owner,
+		lease_expires_at = excluded.lease_expires_at,
+		updated_at = excluded.updated_at,
+		attempts = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.attempts ELSE 0 END,
+		next_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.next_probe_at END,
+		first_not_found_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END,
+		last_verdict = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_verdict END,
+		last_error = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_error END,
+		last_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_probe_at END,
+		claimed_at = excluded.claimed_at
+	-- Evaluated on the latest committed row, not the statement's snapshot:
+	-- a lease or back-off written since the snapshot still counts.
+	WHERE s.claimed_at <> excluded.claimed_at OR (
+	      (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
+	      AND ($5 OR s.next_probe_at IS NULL OR s.next_probe_at <= now()))
+	RETURNING s.key, s.attempts, s.first_not_found_at, s.lease_expires_at
+)
+SELECT ` + keyColumnsOf("c") + `,
+       l.attempts, l.first_not_found_at, l.lease_expires_at, now() AS now
+FROM leased l JOIN candidates c ON c.key = l.key
+ORDER BY c.claimed_at`
+
 // PeekDue lists due keys like LeaseDue but leases nothing and locks nothing:
 // for dry runs. It pages by keyset: pass the last key of the previous page
 // as after (the zero value starts at the beginning).
 func PeekDue(ctx context.Context, db ledger.DBTX, p LeaseParams, after Leased) ([]Leased, error) {
-	const q = `
-SELECT k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
-       k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at,
-       CASE WHEN s.claimed_at = k.claimed_at THEN s.attempts ELSE 0 END,
-       CASE WHEN s.claimed_at = k.claimed_at THEN s.first_not_found_at END, now()
-FROM idempotency_keys k
-LEFT JOIN reconcile_state s ON s.key = k.key
-WHERE ` + duePredicate + `
-  AND (k.claimed_at, k.key) > ($7::timestamptz, $8::text)
-ORDER BY k.claimed_at, k.key
-LIMIT $6`
 	var keys []string
 	if len(p.Keys) > 0 {
 		keys = p.Keys
@@ -198,19 +183,29 @@ LIMIT $6`
 	if !after.ClaimedAt.IsZero() {
 		afterAt = after.ClaimedAt
 	}
-	rows, err := db.Query(ctx, q, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, afterAt, after.Key.Key)
+	rows, err := db.Query(ctx, peekDue, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, afterAt, after.Key.Key)
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("list due keys of tool %q", p.Tool), err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Leased, error) {
-		var l Leased
-		err := row.Scan(&l.Key.Key, &l.Tool, &l.RequestHash, &l.RequestBody, &l.Status, &l.ResponseCode,
-			&l.ResponseBody, &l.CreatedAt, &l.ClaimedAt, &l.UpdatedAt, &l.ExpiresAt, &l.HeartbeatAt,
-			&l.Attempts, &l.FirstNotFoundAt, &l.Now)
-		return l, err
-	})
+	// Lax: no lease, so LeaseExpiresAt has no column and stays zero.
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByNameLax[Leased])
 	return out, wrap(fmt.Sprintf("list due keys of tool %q", p.Tool), err)
 }
+
+// peekDue is PeekDue's statement: $1-$6 as in LeaseDue, $7 and $8 the
+// claimed_at and key of the previous page's last key. It leases nothing, so
+// it has no lease_expires_at column.
+var peekDue = `
+SELECT ` + keyColumnsOf("k") + `,
+       CASE WHEN s.claimed_at = k.claimed_at THEN s.attempts ELSE 0 END AS attempts,
+       CASE WHEN s.claimed_at = k.claimed_at THEN s.first_not_found_at END AS first_not_found_at,
+       now() AS now
+FROM idempotency_keys k
+LEFT JOIN reconcile_state s ON s.key = k.key
+WHERE ` + duePredicate + `
+  AND (k.claimed_at, k.key) > ($7::timestamptz, $8::text)
+ORDER BY k.claimed_at, k.key
+LIMIT $6`
 
 // ProcessingTools lists the tools that have processing keys claimed before
 // now() - olderThan. A loose index scan on the partial index: its cost grows
@@ -452,8 +447,8 @@ func queueDecision(batch *pgx.Batch, d pending, r decisionRow, res *DecideResult
 				WHERE key = $1 AND claimed_at = $2 AND lease_owner = $3`, d.Key, d.ClaimedAt, d.Owner)
 		}
 	} else {
-		scan := func(row pgx.Row) error {
-			k, err := scanKey(row)
+		scan := func(rows pgx.Rows) error {
+			k, err := oneKey(rows, nil)
 			res.Current = k
 			return err
 		}
@@ -465,11 +460,11 @@ func queueDecision(batch *pgx.Batch, d pending, r decisionRow, res *DecideResult
 			}
 			batch.Queue(`UPDATE idempotency_keys SET status = 'completed', response_code = $3, response_body = $4, updated_at = now()
 				WHERE key = $1 AND claimed_at = $2 AND status IN ('processing', 'failed_retryable')
-				RETURNING `+keyColumns, d.Key, d.ClaimedAt, d.ResponseCode, nullJSON(d.ResponseBody)).QueryRow(scan)
+				RETURNING `+ledger.KeyColumns, d.Key, d.ClaimedAt, d.ResponseCode, nullJSON(d.ResponseBody)).Query(scan)
 		case ledger.StatusFailedRetryable:
 			batch.Queue(`UPDATE idempotency_keys SET status = 'failed_retryable', updated_at = now()
 				WHERE key = $1 AND claimed_at = $2 AND status = 'processing'
-				RETURNING `+keyColumns, d.Key, d.ClaimedAt).QueryRow(scan)
+				RETURNING `+ledger.KeyColumns, d.Key, d.ClaimedAt).Query(scan)
 		default:
 			panic("ledger: unknown transition " + d.Transition)
 		}
@@ -510,8 +505,8 @@ func sameTime(a, b *time.Time) bool {
 }
 
 func getForUpdate(ctx context.Context, db ledger.DBTX, key string) (ledger.Key, error) {
-	const q = `SELECT ` + keyColumns + ` FROM idempotency_keys WHERE key = $1 FOR NO KEY UPDATE`
-	k, err := scanKey(db.QueryRow(ctx, q, key))
+	const q = `SELECT ` + ledger.KeyColumns + ` FROM idempotency_keys WHERE key = $1 FOR NO KEY UPDATE`
+	k, err := oneKey(db.Query(ctx, q, key))
 	return k, wrap("read key for update", err)
 }
 

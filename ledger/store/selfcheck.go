@@ -20,7 +20,7 @@ import (
 // Cost: a backward scan of the (tool, created_at) index that stops after
 // limit matching rows, so a ledger of any size answers in a few reads.
 func SelfCheckSamples(ctx context.Context, db ledger.DBTX, tool string, maxAge time.Duration, limit int) ([]ledger.Key, error) {
-	const q = `SELECT ` + keyColumns + `
+	const q = `SELECT ` + ledger.KeyColumns + `
 FROM idempotency_keys k
 WHERE k.tool = $1
   AND k.created_at > now() - $2::interval
@@ -38,7 +38,7 @@ LIMIT $3`
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("draw self-check samples of tool %q", tool), err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Key, error) { return scanKey(r) })
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[ledger.Key])
 	return out, wrap(fmt.Sprintf("draw self-check samples of tool %q", tool), err)
 }
 
