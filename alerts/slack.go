@@ -17,6 +17,7 @@ import (
 
 	"github.com/slack-go/slack"
 
+	"github.com/ledgerkeeper/ledgerkeeper/internal/retryafter"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 )
 
@@ -257,8 +258,10 @@ func (t retryAfterTransport) RoundTrip(req *http.Request) (*http.Response, error
 	if err != nil || resp.StatusCode != http.StatusTooManyRequests {
 		return resp, err
 	}
+	// Plain digits are left to slack-go as they are; any other value, which
+	// slack-go would misread ("+5") or fail on (a date), becomes our reading.
 	if v := resp.Header.Get("Retry-After"); v != "" {
-		if _, perr := strconv.ParseInt(v, 10, 64); perr != nil {
+		if strings.Trim(v, "0123456789") != "" {
 			d, ok := parseRetryAfter(v, time.Now())
 			if ok {
 				resp.Header.Set("Retry-After", strconv.FormatInt(int64(d/time.Second), 10))
@@ -270,27 +273,21 @@ func (t retryAfterTransport) RoundTrip(req *http.Request) (*http.Response, error
 	return resp, nil
 }
 
-// parseRetryAfter reads delay-seconds or an HTTP date (RFC 9110 10.2.3),
-// rounded up to whole seconds.
+// maxSlackRetryAfter is the longest Retry-After parseRetryAfter returns: a
+// mistaken header must not hold the outbox back for more than a week.
+const maxSlackRetryAfter = 7 * 24 * time.Hour
+
+// parseRetryAfter reads a Retry-After value (package retryafter:
+// delay-seconds or an HTTP date, relative to now) as Slack's notifiers
+// honour it: at most maxSlackRetryAfter, rounded up to whole seconds; a date
+// already past is 0. Anything else (signed, fractional, garbage) is no
+// Retry-After: ok is false.
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
+	d, ok := retryafter.Parse(v, now)
+	if !ok {
 		return 0, false
 	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if s < 0 {
-			return 0, false
-		}
-		return time.Duration(min(s, 7*24*3600)) * time.Second, true
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false
-	}
-	d := t.Sub(now)
-	if d <= 0 {
-		return 0, true
-	}
+	d = min(d, maxSlackRetryAfter)
 	return ((d + time.Second - 1) / time.Second) * time.Second, true
 }
 

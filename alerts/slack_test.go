@@ -103,12 +103,14 @@ func TestParseRetryAfter(t *testing.T) {
 		"0":                             0,
 		"Mon, 30 Nov 2026 04:01:30 GMT": 90 * time.Second,
 		"Mon, 30 Nov 2026 03:59:00 GMT": 0,
+		"604801":                        7 * 24 * time.Hour,
+		"99999999999999999999999":       7 * 24 * time.Hour,
 	} {
 		if got, ok := parseRetryAfter(in, now); !ok || got != want {
 			t.Errorf("parseRetryAfter(%q) = %s, %v; want %s", in, got, ok, want)
 		}
 	}
-	for _, bad := range []string{"", "-1", "soon", "1.5"} {
+	for _, bad := range []string{"", "-1", "+5", "soon", "1.5"} {
 		if _, ok := parseRetryAfter(bad, now); ok {
 			t.Errorf("parseRetryAfter(%q) accepted", bad)
 		}
@@ -127,6 +129,24 @@ func TestRetryAfterTransportNormalisesDates(t *testing.T) {
 	}
 	if v := resp.Header.Get("Retry-After"); v != "44" && v != "45" {
 		t.Errorf("Retry-After %q, want seconds", v)
+	}
+}
+
+// A Retry-After slack-go would misread ("+5" as five seconds) or fail on is
+// no Retry-After at all: the header is dropped, plain digits left as they are.
+func TestRetryAfterTransportDropsWhatIsNotDelaySecondsOrADate(t *testing.T) {
+	for in, want := range map[string]string{"+5": "", "-1": "", "soon": "", "1.5": "", "30": "30"} {
+		base := roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: 429, Header: http.Header{"Retry-After": {in}}, Body: http.NoBody}, nil
+		})
+		req, _ := http.NewRequest(http.MethodPost, "http://x/api/chat.postMessage", nil)
+		resp, err := retryAfterTransport{base: base}.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.Header.Get("Retry-After"); got != want {
+			t.Errorf("Retry-After %q became %q, want %q", in, got, want)
+		}
 	}
 }
 

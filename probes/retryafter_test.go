@@ -36,6 +36,7 @@ func TestHTTPProbeSurfacesRetryAfter(t *testing.T) {
 		{"429 a date a day away is capped", 429, "date+24h", true, probes.MaxRetryAfter, probes.MaxRetryAfter},
 		{"429 without Retry-After", 429, "", false, 0, 0},
 		{"429 negative", 429, "-5", false, 0, 0},
+		{"429 signed", 429, "+5", false, 0, 0},
 		{"429 fraction", 429, "1.5", false, 0, 0},
 		{"429 garbage", 429, "soon", false, 0, 0},
 		{"503 garbage date", 503, "Mon, 99 Foo 2026 25:00:00 GMT", false, 0, 0},

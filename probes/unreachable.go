@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/retryafter"
 )
 
 // Unreachable reports whether an Unknown result means that the downstream
@@ -99,26 +99,14 @@ func Throttled(res Result) (time.Duration, bool) {
 	return min(max(te.RetryAfter, MinRetryAfter), MaxRetryAfter), true
 }
 
-// parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP-date,
-// relative to now, clamped to [MinRetryAfter, MaxRetryAfter]. Anything else
-// (empty, negative, fractional, not a date) is ignored: ok is false.
+// parseRetryAfter reads a Retry-After value (package retryafter: delay-seconds
+// or an HTTP-date, relative to now) clamped to [MinRetryAfter,
+// MaxRetryAfter]. Anything else (empty, signed, fractional, not a date) is
+// ignored: ok is false.
 func parseRetryAfter(v string, now time.Time) (d time.Duration, ok bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
+	d, ok = retryafter.Parse(v, now)
+	if !ok {
 		return 0, false
-	}
-	if strings.Trim(v, "0123456789") == "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil || n > uint64(MaxRetryAfter/time.Second) {
-			return MaxRetryAfter, true // all digits, too many of them: the cap
-		}
-		d = time.Duration(n) * time.Second
-	} else {
-		t, err := http.ParseTime(v)
-		if err != nil {
-			return 0, false
-		}
-		d = t.Sub(now)
 	}
 	return min(max(d, MinRetryAfter), MaxRetryAfter), true
 }
