@@ -208,15 +208,10 @@ func pauseDecision(left, budget time.Duration, halfOpen bool) pauseAction {
 
 // pace is what a tool's share of a pass knows of its keys and the pause.
 type pace struct {
-	inFlight  sync.WaitGroup // keys queued to the tool's workers, not yet handled
-	givenBack atomic.Bool    // a key was given back because of a pause
-}
-
-// pausedRelease gives a key back because the tool is paused, and notes it
-// so that the pass leases it again once the pause is over.
-func (t *toolRun) pausedRelease(release func()) {
-	t.pace.givenBack.Store(true)
-	release()
+	inFlight sync.WaitGroup // keys queued to the tool's workers, not yet handled
+	// givenBack: a key was given back because of a pause (heldKey.done),
+	// so the pass leases again once the pause is over.
+	givenBack atomic.Bool
 }
 
 // resumeAfterPause is asked when no key is left to lease: it waits for the
