@@ -14,8 +14,6 @@ import (
 	"github.com/slack-go/slack"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
 )
 
@@ -224,19 +222,7 @@ func (h *Handler) authorize(ctx context.Context, w where, user string, action Ac
 }
 
 func (h *Handler) auditRefusal(ctx context.Context, key, user, what string) error {
-	k, err := ledger.Get(ctx, h.cfg.Pool, key)
-	if errors.Is(err, ledger.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("audit refused Slack action: %w", err)
-	}
-	attempt := 0
-	if st, err := store.GetState(ctx, h.cfg.Pool, key); err == nil && st.ClaimedAt.Equal(k.ClaimedAt) {
-		attempt = st.Attempts
-	}
-	err = store.InsertAudit(ctx, h.cfg.Pool, store.AuditEntry{Key: key, Tool: k.Tool, Attempt: attempt, Verdict: store.VerdictOperator,
-		Action: ActionSlackRefused, Error: what, Actor: actor(user)})
+	err := operator.AuditRefusal(ctx, h.cfg.Pool, operator.RefusalRecord{Key: key, Action: ActionSlackRefused, Actor: actor(user), What: what})
 	if err != nil {
 		return fmt.Errorf("audit refused Slack action: %w", err)
 	}

@@ -443,3 +443,40 @@ func TestInspectJudgesByTheDatabasesClock(t *testing.T) {
 		t.Fatalf("judged %+v by the local clock (claimed %s ago locally), want in flight by the database's", in.Judgement, time.Since(claimedAt))
 	}
 }
+
+// A refusal is audited with the attempts of the key's current claim (none
+// for a state an older claim left), changes nothing else, and is not
+// recorded for a key the ledger does not hold.
+func TestAuditRefusalRecordsTheCurrentClaimsAttemptAndChangesNothingElse(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cur := putKey(t, db, "current", ledger.StatusProcessing, time.Hour)
+	old := putKey(t, db, "reclaimed", ledger.StatusProcessing, time.Hour)
+	db.Exec(t, `INSERT INTO reconcile_state (key, tool, claimed_at, attempts, updated_at) VALUES
+		($1, 't', $2, 3, now()), ($3, 't', $4::timestamptz - interval '1 day', 5, now())`, cur.Key, cur.ClaimedAt, old.Key, old.ClaimedAt)
+	for _, key := range []string{"current", "reclaimed", "missing"} {
+		err := operator.AuditRefusal(ctx, db.Pool, operator.RefusalRecord{Key: key, Action: "slack_refused", Actor: "slack:U1", What: "not allowed"})
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+	}
+	if err := operator.AuditRefusal(ctx, db.Pool, operator.RefusalRecord{Key: "current", Action: "slack_refused"}); !errors.Is(err, operator.ErrNoActor) {
+		t.Fatalf("refusal without an actor = %v", err)
+	}
+	for key, want := range map[string]int{"current": 3, "reclaimed": 0} {
+		hist, err := store.History(ctx, db.Pool, key, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hist) != 1 || hist[0].Attempt != want || hist[0].Verdict != store.VerdictOperator ||
+			hist[0].Action != "slack_refused" || hist[0].Actor != "slack:U1" || hist[0].Error != "not allowed" {
+			t.Fatalf("%s: audit %+v, want one slack_refused row at attempt %d", key, hist, want)
+		}
+	}
+	if n := db.Count(t, "reconcile_audit WHERE key = 'missing'"); n != 0 {
+		t.Fatalf("a key not in the ledger has %d audit rows", n)
+	}
+	if k := get(t, db, "current"); k.Status != ledger.StatusProcessing || !k.UpdatedAt.Equal(cur.UpdatedAt) {
+		t.Fatalf("the refusal changed the key: %+v", k)
+	}
+}
