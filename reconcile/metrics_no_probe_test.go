@@ -88,6 +88,8 @@ ledgerkeeper_reconcile_decisions_total{action="completed",tool="mystery_tool"} 0
 ledgerkeeper_reconcile_decisions_total{action="duplicate_alerted",tool="mystery_tool"} 0
 ledgerkeeper_reconcile_decisions_total{action="marked_retryable",tool="mystery_tool"} 0
 ledgerkeeper_reconcile_decisions_total{action="no_probe",tool="mystery_tool"} 0
+ledgerkeeper_reconcile_decisions_total{action="withheld_unwitnessed",tool="mystery_tool"} 0
+ledgerkeeper_reconcile_decisions_total{action="withheld_untrusted",tool="mystery_tool"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ledgerkeeper_reconcile_decisions_total"); err != nil {
 		t.Fatal(err)
