@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgembed"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 )
 
 // server is where a benchmark's databases live.
@@ -84,7 +83,7 @@ func (s *server) createDB(ctx context.Context, name, template string) (string, e
 	if err := s.exec(ctx, q); err != nil {
 		return "", fmt.Errorf("create database %s: %w", name, err)
 	}
-	return pgtest.WithDatabase(s.adminURL, name), nil
+	return pgembed.WithDatabase(s.adminURL, name), nil
 }
 
 func (s *server) dropDB(ctx context.Context, name string) {

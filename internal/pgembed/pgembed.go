@@ -1,6 +1,7 @@
 // Package pgembed starts a throwaway PostgreSQL cluster from the local
 // PostgreSQL binaries: for the test harness when no database URL is given and
-// no Docker engine answers, and for `ledgerkeeper demo`.
+// no Docker engine answers, for `ledgerkeeper demo` and for lkbench, which
+// must not link the test harness (package testing, goleak, testcontainers).
 //
 // The cluster lives in a temporary directory, listens on 127.0.0.1 on a free
 // port and on a unix socket inside that directory, trusts local connections
@@ -15,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -53,6 +55,18 @@ type Server struct {
 	exited  chan struct{}
 	stopped sync.Once
 	logPath string
+}
+
+// WithDatabase returns the PostgreSQL URL u with its database replaced by
+// db: the URL of another database on the same server (a Server's URL names
+// "postgres"). It panics when u is not a URL.
+func WithDatabase(u, db string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		panic(fmt.Sprintf("pgembed: bad URL: %v", err))
+	}
+	parsed.Path = "/" + db
+	return parsed.String()
 }
 
 // FindBinDir locates initdb and postgres: $PATH first, then the Debian layout

@@ -15,7 +15,6 @@ package pgtest
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -185,15 +184,9 @@ func dropOwnDatabases(ctx context.Context) error {
 	return nil
 }
 
-// WithDatabase returns u with its database name replaced.
-func WithDatabase(u, db string) string {
-	parsed, err := url.Parse(u)
-	if err != nil {
-		panic(fmt.Sprintf("pgtest: bad URL: %v", err))
-	}
-	parsed.Path = "/" + db
-	return parsed.String()
-}
+// WithDatabase returns u with its database name replaced
+// (pgembed.WithDatabase, under the harness's name for tests).
+func WithDatabase(u, db string) string { return pgembed.WithDatabase(u, db) }
 
 // DB is one test's database.
 type DB struct {
