@@ -69,7 +69,10 @@ type batch struct {
 	// leasesFrom + reconcile.lease.
 	leasesFrom time.Time
 	shape      json.RawMessage // a leased key's request body, for the made-up key
-	closeNow   bool            // close after the keys leased so far (half-open trial)
+	// lastShape outlives take: the request body a re-run opener's
+	// made-up key is shaped like.
+	lastShape json.RawMessage
+	closeNow  bool // close after the keys leased so far (half-open trial)
 }
 
 // noteLeased adds keys just leased to the batch.
@@ -84,7 +87,7 @@ func (b *batch) noteLeased(keys []store.Leased) {
 	if b.shape == nil {
 		for _, l := range keys {
 			if len(l.RequestBody) > 0 {
-				b.shape = l.RequestBody
+				b.shape, b.lastShape = l.RequestBody, l.RequestBody
 				break
 			}
 		}
@@ -146,8 +149,27 @@ func (t *toolRun) openBatch(ctx context.Context, due json.RawMessage) (bool, err
 	}
 	t.bk.mu.Lock()
 	t.bk.opener = &r
+	if t.bk.lastShape == nil {
+		t.bk.lastShape = due
+	}
 	t.bk.mu.Unlock()
 	return true, nil
+}
+
+// freshOpener runs the opener again before a batch starts when the check
+// that would open it is older than bracketSpan (the pass waited out a
+// pause, or the given-back keys of one): it passed before the wait, and the
+// world may have changed during it (a pause often comes with a redeploy).
+// It reports whether the tool may be probed.
+func (t *toolRun) freshOpener(ctx context.Context) (bool, error) {
+	t.bk.mu.Lock()
+	stale := t.bk.leased == 0 && t.bk.opener != nil && time.Since(t.bk.opener.CheckedAt) > bracketSpan
+	shape := t.bk.lastShape
+	t.bk.mu.Unlock()
+	if !stale {
+		return true, nil
+	}
+	return t.openBatch(ctx, shape)
 }
 
 // closeBatch waits for every key of the open batch to be answered, runs the

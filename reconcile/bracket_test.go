@@ -802,3 +802,85 @@ func TestPauseDuringTheCloserRenewsTheBatchsLeases(t *testing.T) {
 		t.Fatalf("leases at the rerun end %s, at the pause %s: not renewed before the wait", atRerun, atPause)
 	}
 }
+
+// confirm_not_found_after measures between the probes, not between the
+// writes: a second not_found answered moments after the first is no
+// confirmation, even when its batch was written seconds later (its closing
+// check waited out a Retry-After).
+func TestConfirmationIsMeasuredBetweenAnswers(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	api := newPoliteAPI(t, 0, 0)
+	madeUp := 0
+	api.throttle = func(_ int, key string) string {
+		if strings.HasPrefix(key, reconcile.SelfCheckKeyPrefix) {
+			if madeUp++; madeUp == 4 { // the second pass's closer
+				return "6"
+			}
+		}
+		return ""
+	}
+	stuckMany(t, db, "tickets", 1)
+	e, _ := politeEngine(t, db, reconcile.Config{ConfirmNotFoundAfter: 5 * time.Second, Tools: map[string]reconcile.Policy{
+		"tickets": {Probe: api.probe(t), WitnessNotRequired: true}}})
+	opts := reconcile.Options{Keys: []string{"tickets-000001"}}
+	if rep := run(t, e, opts); rep.Actions[reconcile.ActionAwaitingConfirmation] != 1 {
+		t.Fatalf("first pass %v, want awaiting_confirmation", rep.Actions)
+	}
+	rep := run(t, e, opts)
+	if r := row(t, db, "tickets-000001"); r.Status != ledger.StatusProcessing || rep.Actions[reconcile.ActionAwaitingConfirmation] != 1 {
+		t.Fatalf("second pass %v, key %s: a not_found answered moments after the first was taken as confirmed", rep.Actions, r.Status)
+	}
+}
+
+// The downstream asks to wait, and its route breaks during the pause and is
+// fixed right after the key given back is probed again: the check that
+// opened the batch before the pause cannot vouch for that probe, so the
+// batch after the pause opens with a fresh check, which sees the broken
+// route; the key, whose ticket exists, is not marked retryable.
+func TestKeysGivenBackByAPauseStartAFreshBatch(t *testing.T) {
+	t.Parallel()
+	s := newBracketSetup(t)
+	completeThrough(t, s.db, s.api, "wf-1:step-1", "T-1")
+	stuckWithTickets(t, s.db, s.api, "k1")
+	var mu sync.Mutex
+	askedK1 := 0
+	empty := false
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.URL.Query().Get("idempotency_key")
+		mu.Lock()
+		if key == "k1" {
+			askedK1++
+			switch askedK1 {
+			case 1: // asks to wait, and the route breaks meanwhile
+				empty = true
+				mu.Unlock()
+				w.Header().Set("Retry-After", "3")
+				w.WriteHeader(http.StatusTooManyRequests)
+				return
+			case 2: // answered from the broken route, which is then fixed
+				defer func() { empty = false }()
+			}
+		}
+		broken := empty
+		mu.Unlock()
+		list := []map[string]any{}
+		if key == "wf-1:step-1" || key == "k1" {
+			if !broken {
+				list = append(list, map[string]any{"id": "T-" + key})
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"data": list})
+	}))
+	t.Cleanup(srv.Close)
+	p, err := probes.NewHTTP(probes.HTTPConfig{URL: srv.URL + goodProbePath, Match: "data", ResponseCode: 201, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	run(t, s.engine(reconcile.Policy{Probe: p, ProbeFingerprint: "v1"}, reconcile.Config{}), reconcile.Options{})
+	if r := row(t, s.db, "k1"); r.Status == ledger.StatusFailedRetryable {
+		t.Fatal("k1, whose ticket exists, was marked retryable from an answer no fresh check preceded")
+	}
+}

@@ -29,7 +29,7 @@ func (t *toolRun) handle(ctx context.Context, l store.Leased, leasedAt time.Time
 		return
 	}
 	k.handedOn = true // the batch or the writer owns the lease now
-	t.deliver(probed{t: t, l: l, res: res, leasedAt: leasedAt})
+	t.deliver(probed{t: t, l: l, res: res, leasedAt: leasedAt, answeredAt: time.Now()})
 }
 
 // heldKey is a leased key on its way through handle.

@@ -214,6 +214,10 @@ type probed struct {
 	l        store.Leased
 	res      probes.Result
 	leasedAt time.Time // local monotonic time the lease started (at the latest)
+	// answeredAt is when the probe's answer came back (local monotonic
+	// time): the decision is judged at that moment, not when it is
+	// written, which for a bracketed batch is after its closing check.
+	answeredAt time.Time
 }
 
 // writerCount sizes the pool of decision writers: a decision is a few
@@ -330,6 +334,12 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		if !t.awaitPause(ctx) {
 			break
 		}
+		if t.bracketed {
+			var goOn bool
+			if goOn, checkErr = t.freshOpener(ctx); !goOn {
+				break
+			}
+		}
 		if time.Since(p.report.StartedAt) >= p.e.cfg.MaxDuration {
 			p.outOfTime()
 			break
@@ -376,6 +386,13 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 			p.budget.giveBack(want)
 			if leaseErr == nil && t.resumeAfterPause(ctx) {
 				lp.ClaimedFrom = time.Time{} // keys a pause gave back are due again
+				if t.bracketed {
+					// The answers from before the pause are closed now, so
+					// that the keys it gave back start a batch whose opener
+					// (this closer, or a fresh one) is no older than the
+					// pause.
+					t.bk.closeNow = true
+				}
 				continue
 			}
 			break

@@ -24,10 +24,12 @@ func (t *toolRun) decide(_ context.Context, pr probed) *plan {
 	p, cfg := t.p, t.p.e.cfg
 	l, res := pr.l, pr.res
 	in := Input{Leased: l, Result: res, Policy: t.policy, Rules: cfg.rules(),
-		// The database's clock at lease time plus the time since (a
-		// monotonic local duration): no replica's wall clock enters a
-		// decision.
-		Now:    l.Now.Add(time.Since(pr.leasedAt)),
+		// The database's clock at lease time plus the time until the
+		// answer came back (a monotonic local duration): no replica's wall
+		// clock enters a decision, and a batch that waited for its closing
+		// check is judged as of its answers (confirm_not_found_after
+		// measures between probes, not between writes).
+		Now:    l.Now.Add(pr.answeredAt.Sub(pr.leasedAt)),
 		Jitter: backoff.Jitter(0.9, 1.1),
 	}
 	res.Evidence = cfg.Redactor.JSON(res.Evidence)
