@@ -137,16 +137,7 @@ func (a *ingressAPI) probeAt(t *testing.T, pathAndQuery string) probes.Probe {
 // the ticket downstream, store the response.
 func completeThrough(t *testing.T, db *pgtest.DB, a *ingressAPI, key, ticket string) {
 	t.Helper()
-	pool := newPool(t, db.URL, 1)
-	res, err := ledger.Claim(bg, pool, ledger.ClaimParams{Key: key, Tool: "create_ticket", RequestHash: strings.Repeat("a", 64),
-		RequestBody: json.RawMessage(`{"title":"printer on fire","ref":"R-1"}`)})
-	if err != nil || res.Outcome != ledger.New {
-		t.Fatalf("claim %s: %v %v", key, res.Outcome, err)
-	}
-	a.create(key, ticket)
-	if err := ledger.Complete(bg, pool, key, res.Row.ClaimedAt, 201, json.RawMessage(`{"ticket_id":"`+ticket+`"}`)); err != nil {
-		t.Fatal(err)
-	}
+	completeAsToolServer(t, db, key, ticket, `{"title":"printer on fire","ref":"R-1"}`, a.create)
 }
 
 // stuckWithTickets inserts processing keys past their window whose tickets
@@ -457,19 +448,13 @@ func TestDeadDownstreamOpensTheBreakerWithinItsThreshold(t *testing.T) {
 	s := newBracketSetup(t)
 	completeThrough(t, s.db, s.api, "wf-1:step-1", "T-1")
 	stuckWithTickets(t, s.db, s.api, "s1", "s2", "s3")
-	dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p := probeOf(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.api.mu.Lock()
 		s.api.total++
 		s.api.hits[r.URL.Query().Get("idempotency_key")]++
 		s.api.mu.Unlock()
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}))
-	t.Cleanup(dead.Close)
-	p, err := probes.NewHTTP(probes.HTTPConfig{URL: dead.URL + goodProbePath, Match: "data", Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
 	e := s.engine(reconcile.Policy{Probe: p, ProbeFingerprint: "v1"},
 		reconcile.Config{BreakerFailures: 5, BreakerCooldown: 200 * time.Millisecond, BreakerMaxCooldown: 200 * time.Millisecond})
 	passes := 0
@@ -527,15 +512,9 @@ func TestBreakerOpeningIsReportedOncePerOpening(t *testing.T) {
 		keys[i] = "k" + string(rune('a'+i))
 	}
 	stuckWithTickets(t, s.db, s.api, keys...)
-	dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p := probeOf(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}))
-	t.Cleanup(dead.Close)
-	p, err := probes.NewHTTP(probes.HTTPConfig{URL: dead.URL + goodProbePath, Match: "data", Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
 	e := s.engine(reconcile.Policy{Probe: p, SelfCheckDisabled: true, Concurrency: 16},
 		reconcile.Config{BreakerFailures: 5, Concurrency: 16})
 	rep := run(t, e, reconcile.Options{})
@@ -846,7 +825,7 @@ func TestKeysGivenBackByAPauseStartAFreshBatch(t *testing.T) {
 	var mu sync.Mutex
 	askedK1 := 0
 	empty := false
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p := probeOf(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.URL.Query().Get("idempotency_key")
 		mu.Lock()
 		if key == "k1" {
@@ -873,14 +852,22 @@ func TestKeysGivenBackByAPauseStartAFreshBatch(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"data": list})
 	}))
+	run(t, s.engine(reconcile.Policy{Probe: p, ProbeFingerprint: "v1"}, reconcile.Config{}), reconcile.Options{})
+	if r := row(t, s.db, "k1"); r.Status == ledger.StatusFailedRetryable {
+		t.Fatal("k1, whose ticket exists, was marked retryable from an answer no fresh check preceded")
+	}
+}
+
+// probeOf is the http probe of a downstream served by h (the tickets
+// lookup, match "data").
+func probeOf(t *testing.T, h http.Handler) probes.Probe {
+	t.Helper()
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	p, err := probes.NewHTTP(probes.HTTPConfig{URL: srv.URL + goodProbePath, Match: "data", ResponseCode: 201, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	run(t, s.engine(reconcile.Policy{Probe: p, ProbeFingerprint: "v1"}, reconcile.Config{}), reconcile.Options{})
-	if r := row(t, s.db, "k1"); r.Status == ledger.StatusFailedRetryable {
-		t.Fatal("k1, whose ticket exists, was marked retryable from an answer no fresh check preceded")
-	}
+	return p
 }

@@ -73,7 +73,14 @@ type Report struct {
 	Withheld int `json:"withheld"`
 }
 
-func (p *pass) add(r KeyResult) {
+// add lists a decided key (or one whose write failed) and counts it.
+func (p *pass) add(r KeyResult) { p.list(r, false) }
+
+// addWithheld lists a key whose verdict was withheld (bracket.go): counted
+// by action, not as a decision.
+func (p *pass) addWithheld(r KeyResult) { p.list(r, true) }
+
+func (p *pass) list(r KeyResult, withheld bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// A pass over a huge backlog keeps counting but stops listing: its
@@ -83,25 +90,12 @@ func (p *pass) add(r KeyResult) {
 	} else {
 		p.report.KeysOmitted++
 	}
-	p.report.Decided++
-	p.report.Actions[r.Action]++
-	p.report.AlertsRaised += len(r.Alerts)
-	if p.e.metrics != nil {
-		p.e.metrics.observeDecision(r.Tool, r.Action)
-	}
-}
-
-// addWithheld lists a key whose verdict was withheld (bracket.go): counted
-// by action, not as a decision.
-func (p *pass) addWithheld(r KeyResult) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.report.Keys) < p.e.cfg.ReportKeys {
-		p.report.Keys = append(p.report.Keys, r)
+	if withheld {
+		p.report.Withheld++
 	} else {
-		p.report.KeysOmitted++
+		p.report.Decided++
+		p.report.AlertsRaised += len(r.Alerts)
 	}
-	p.report.Withheld++
 	p.report.Actions[r.Action]++
 	if p.e.metrics != nil {
 		p.e.metrics.observeDecision(r.Tool, r.Action)

@@ -99,13 +99,21 @@ const goodProbePath = "/v1/tickets?idempotency_key={key}"
 // ticket downstream, store the response.
 func toolServerCompletes(t *testing.T, db *pgtest.DB, api *ticketsAPI, key, ticket string) {
 	t.Helper()
+	completeAsToolServer(t, db, key, ticket, `{"title":"printer on fire"}`, api.create)
+}
+
+// completeAsToolServer claims key of create_ticket with request, creates
+// the ticket downstream (create) and stores the tool's response, as a tool
+// server does: a key completed by its original attempt.
+func completeAsToolServer(t *testing.T, db *pgtest.DB, key, ticket, request string, create func(key, id string)) {
+	t.Helper()
 	pool := newPool(t, db.URL, 1)
 	res, err := ledger.Claim(bg, pool, ledger.ClaimParams{Key: key, Tool: "create_ticket", RequestHash: strings.Repeat("a", 64),
-		RequestBody: json.RawMessage(`{"title":"printer on fire"}`)})
+		RequestBody: json.RawMessage(request)})
 	if err != nil || res.Outcome != ledger.New {
 		t.Fatalf("claim %s: %v %v", key, res.Outcome, err)
 	}
-	api.create(key, ticket)
+	create(key, ticket)
 	if err := ledger.Complete(bg, pool, key, res.Row.ClaimedAt, 201, json.RawMessage(fmt.Sprintf(`{"ticket_id":%q}`, ticket))); err != nil {
 		t.Fatal(err)
 	}
