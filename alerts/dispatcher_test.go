@@ -2,6 +2,7 @@ package alerts
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -629,7 +630,7 @@ func TestNotConfiguredKeepsAlerts(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.raise(t, keyAlert(ReasonNoProbe, "mystery", "wf-1:x"))
-	if _, err := NewSlack(SlackConfig{}); err != ErrNoSlack {
+	if _, err := NewSlack(SlackConfig{}); !errors.Is(err, ErrNoSlack) {
 		t.Fatalf("NewSlack() = %v, want ErrNoSlack", err)
 	}
 	rep := b.run(t, b.dispatcher(NotConfigured{}, nil))
@@ -720,7 +721,7 @@ func TestLeaseTakenOverMidPostIsNotMarkedSent(t *testing.T) {
 		b.clock.Advance(DefaultLease)
 		takerToken = taker.leaseToken()
 		if _, items, err := taker.claim(ctx, takerToken); err != nil || len(items) != 2 {
-			return false, fmt.Errorf("takeover claimed %d rows: %v", len(items), err)
+			return false, fmt.Errorf("takeover claimed %d rows: %v", len(items), err) //nolint:errorlint // err may be nil (wrong count): %w would print %!w(<nil>)
 		}
 		return srv.botNotifier(t).Notify(ctx, m)
 	})

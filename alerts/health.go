@@ -2,6 +2,7 @@ package alerts
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -69,7 +70,7 @@ func Health(ctx context.Context, db DBTX) (DeliveryHealth, error) {
 		WHERE status = 'pending' AND last_error_class IS NOT NULL
 		ORDER BY last_attempt_at DESC NULLS LAST, id DESC LIMIT 1`).
 		Scan(&h.LastError, &class, &h.LastErrorAt)
-	if err != nil && err != pgx.ErrNoRows {
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return h, fmt.Errorf("read last alert delivery error: %w", err)
 	}
 	h.LastErrorClass = FailureClass(class)

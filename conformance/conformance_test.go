@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -226,7 +227,7 @@ func TestCatchesSelectThenInsert(t *testing.T) {
 				rw.WriteHeader(http.StatusCreated)
 				fmt.Fprintf(rw, `{"ok":true,"idempotent_replay":true,"original_response":%s}`, *resp)
 				return
-			case err != pgx.ErrNoRows:
+			case !errors.Is(err, pgx.ErrNoRows):
 				rw.WriteHeader(http.StatusServiceUnavailable)
 				return
 			}

@@ -36,7 +36,7 @@ func Canonical(body []byte) ([]byte, error) {
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("%w: request body is not JSON: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: request body is not JSON: %v", ErrInvalid, err) //nolint:errorlint // ErrInvalid is the one cause callers branch on; the decoder's error is detail
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("%w: request body holds more than one JSON value", ErrInvalid)

@@ -32,7 +32,7 @@ func TestGuardPassesWellFormedResults(t *testing.T) {
 		{Verdict: probes.Unknown, Err: errors.New("boom")},
 	} {
 		got := probes.Guard(returns(res), time.Second).Probe(context.Background(), testKey)
-		if got.Verdict != res.Verdict || string(got.Evidence) != string(res.Evidence) || got.Err != res.Err {
+		if got.Verdict != res.Verdict || string(got.Evidence) != string(res.Evidence) || got.Err != res.Err { //nolint:errorlint // identity: Guard passes the result through unchanged
 			t.Errorf("Guard changed %+v into %+v", res, got)
 		}
 		if res.Outcome != nil && (got.Outcome.Code != res.Outcome.Code || string(got.Outcome.Body) != string(res.Outcome.Body)) {
@@ -110,7 +110,7 @@ func TestGuardRecoversPanics(t *testing.T) {
 		if got.Verdict != probes.Unknown || got.Err == nil || !strings.Contains(got.Err.Error(), "panicked") {
 			t.Errorf("panic(%v): got %+v", v, got)
 		}
-		if v == sentinel && !errors.Is(got.Err, sentinel) {
+		if v == sentinel && !errors.Is(got.Err, sentinel) { //nolint:errorlint // v is the panic value: was it this very error
 			t.Errorf("panic(err): err %v does not wrap it", got.Err)
 		}
 	}

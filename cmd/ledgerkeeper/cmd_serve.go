@@ -168,7 +168,7 @@ counted as an attempt); purge and alert delivery stop at once.`,
 func checkListen(addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("%q is not HOST:PORT or :PORT (%v)", addr, err)
+		return fmt.Errorf("%q is not HOST:PORT or :PORT (%w)", addr, err)
 	}
 	if strings.Contains(host, ":") && net.ParseIP(host) == nil {
 		return fmt.Errorf("%q: host %q is not an IP address or name", addr, host)

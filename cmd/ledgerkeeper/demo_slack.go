@@ -48,7 +48,7 @@ func (d *demo) slackStep(ctx context.Context, windows operator.Windows) error {
 	}
 	in, err := daemon.BuildInteractivity(d.a.cfg, d.pool, windows, logger)
 	if err != nil || in == nil || in.HTTP == nil {
-		return fmt.Errorf("demo Slack actions: %v (alerts.slack.interactive and signing_secret in demo.yaml)", err)
+		return fmt.Errorf("demo Slack actions: %v (alerts.slack.interactive and signing_secret in demo.yaml)", err) //nolint:errorlint // err may be nil here (in or in.HTTP is nil): %w would print %!w(<nil>)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -208,7 +208,7 @@ func variantConfig(name string, cfg expiry.Config) (expiry.Config, string, error
 			err = fmt.Errorf("unknown setting %q", k)
 		}
 		if err != nil {
-			return cfg, "", fmt.Errorf("variant %q: %s: %v", name, kv, err)
+			return cfg, "", fmt.Errorf("variant %q: %s: %w", name, kv, err)
 		}
 	}
 	return cfg, index, nil

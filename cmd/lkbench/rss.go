@@ -369,7 +369,7 @@ sampling:
 		res.PassSec = float64(rep.Duration) / 1e9
 	} else {
 		if childDone {
-			return res, fmt.Errorf("serve exited before its pass ended: %v (log: %s)", childErr, tail(logPath))
+			return res, fmt.Errorf("serve exited before its pass ended: %v (log: %s)", childErr, tail(logPath)) //nolint:errorlint // childErr is nil when serve exited 0: %w would print %!w(<nil>)
 		}
 		res.PassSec = passEnd.Sub(passStart).Seconds()
 	}
@@ -719,7 +719,7 @@ func rssDaemon(ctx context.Context, srv *server, s daemonSetup, logf func(string
 			select {
 			case err := <-exited:
 				exited <- err
-				return fmt.Errorf("serve exited while waiting for %s: %v (log: %s)", what, err, tail(logPath))
+				return fmt.Errorf("serve exited while waiting for %s: %v (log: %s)", what, err, tail(logPath)) //nolint:errorlint // err is nil when serve exited 0: %w would print %!w(<nil>)
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-time.After(200 * time.Millisecond):

@@ -40,7 +40,7 @@ func All(err error) (errs []*Error, ok bool) {
 	if err == nil {
 		return nil, true
 	}
-	if fe, isField := err.(*Error); isField {
+	if fe, isField := err.(*Error); isField { //nolint:errorlint // only err itself: a wrapped *Error carries context that All must not drop
 		return []*Error{fe}, true
 	}
 	j, isJoin := err.(interface{ Unwrap() []error })

@@ -291,7 +291,7 @@ func (r *Redactor) Error(err error) error {
 	if err == nil {
 		return nil
 	}
-	if re, ok := err.(*redactedError); ok && re.r == r {
+	if re, ok := err.(*redactedError); ok && re.r == r { //nolint:errorlint // already redacted by r only if err itself is: a wrapper may add unredacted text
 		return err
 	}
 	return &redactedError{msg: r.String(err.Error()), err: err, r: r}

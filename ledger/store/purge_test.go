@@ -266,15 +266,15 @@ func TestAsBatchTimeout(t *testing.T) {
 	if !errors.Is(got, ErrBatchTimeout) {
 		t.Fatalf("AsBatchTimeout(%v) = %v; want ErrBatchTimeout", slow, got)
 	}
-	if again := AsBatchTimeout(got); again != got {
+	if again := AsBatchTimeout(got); again != got { //nolint:errorlint // identity: the error must come back unchanged
 		t.Fatalf("AsBatchTimeout wrapped twice: %v", again)
 	}
 	_, bad := conn.Exec(ctx, `SELECT no_such_column FROM idempotency_keys`)
-	if bad == nil || AsBatchTimeout(bad) != bad {
+	if bad == nil || AsBatchTimeout(bad) != bad { //nolint:errorlint // identity: the error must come back unchanged
 		t.Fatalf("another PostgreSQL error changed: %v", AsBatchTimeout(bad))
 	}
 	plain := errors.New("not a database error")
-	if AsBatchTimeout(plain) != plain || AsBatchTimeout(nil) != nil {
+	if AsBatchTimeout(plain) != plain || AsBatchTimeout(nil) != nil { //nolint:errorlint // identity: the error must come back unchanged
 		t.Fatal("a non-database error or nil changed")
 	}
 }
