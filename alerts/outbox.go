@@ -38,7 +38,7 @@ const (
 	// ReasonDedupWindowPassed: the probe says not_found but the key is
 	// older than the downstream's own dedup window, so a wrong not_found
 	// could no longer be caught downstream: escalated, never auto-retried.
-	ReasonDedupWindowPassed Reason = "dedup_window_passed"
+	ReasonDedupWindowPassed Reason = "dedup_window_passed" //nolint:gosec // G101: a reason code ("passed"), not a password
 	// ReasonProbeUntrusted: the tool's probe failed its self-check against
 	// the ledger's ground truth; none of the tool's keys changes state
 	// until it passes again. Tool-wide.

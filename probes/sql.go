@@ -184,7 +184,7 @@ func NewSQL(ctx context.Context, cfg SQLConfig) (*SQLProbe, error) {
 	// Pinned here and again on every query (a caller's Pool may say
 	// otherwise): see ProbeExecMode.
 	pcfg.ConnConfig.DefaultQueryExecMode = ProbeExecMode
-	pcfg.MaxConns = int32(cmp.Or(cfg.MaxConns, DefaultMaxConns))
+	pcfg.MaxConns = int32(cmp.Or(cfg.MaxConns, DefaultMaxConns)) //nolint:gosec // G115: checked against math.MaxInt32 above
 	pcfg.MinConns = 0
 	rp := pcfg.ConnConfig.RuntimeParams
 	if rp["application_name"] == "" {

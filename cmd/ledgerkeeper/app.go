@@ -178,7 +178,7 @@ func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, erro
 		return nil, &configError{fmt.Errorf("the database URL%s (database.url, $%s or --database-url) is not a valid PostgreSQL URL or DSN: expected postgres://user:password@host:port/dbname or host=… dbname=…", shown, envDatabaseURL)}
 	}
 	if maxConns > 0 {
-		pc.MaxConns = int32(maxConns)
+		pc.MaxConns = int32(maxConns) //nolint:gosec // G115: database.max_conns has no upper bound check yet; a pool beyond int32 connections is not one anyone runs
 	}
 	pc.ConnConfig.RuntimeParams["application_name"] = "ledgerkeeper"
 	// Our statements are index scans of small populations; PostgreSQL's

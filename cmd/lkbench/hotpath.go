@@ -87,7 +87,7 @@ func runHotPath(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	pc.MaxConns, pc.MinConns = int32(*conns), int32(*conns)
+	pc.MaxConns, pc.MinConns = int32(*conns), int32(*conns) //nolint:gosec // G115: a benchmark flag; a pool beyond int32 is not a benchmark anyone runs
 	pc.ConnConfig.Tracer = counter
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -276,7 +276,7 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 		return res, err
 	}
 	defer srv.dropDB(context.WithoutCancel(ctx), dbName)
-	writerPool, err := newPool(ctx, url, int32(workers), "lkbench-writer")
+	writerPool, err := newPool(ctx, url, int32(workers), "lkbench-writer") //nolint:gosec // G115: a benchmark flag; a pool beyond int32 is not a benchmark anyone runs
 	if err != nil {
 		return res, err
 	}

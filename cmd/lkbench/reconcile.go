@@ -101,7 +101,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 				return fmt.Errorf("--plan-cache-mode: %w", err)
 			}
 		}
-		c.pool, err = newPool(ctx, url, int32(*concurrency+4), "ledgerkeeper")
+		c.pool, err = newPool(ctx, url, int32(*concurrency+4), "ledgerkeeper") //nolint:gosec // G115: a benchmark flag; a pool beyond int32 is not a benchmark anyone runs
 		if err != nil {
 			return err
 		}

@@ -34,5 +34,5 @@ func Delay(base, maxDelay time.Duration, attempt int, jitter float64) time.Durat
 // delays ±10%; (0.5, 1) is "equal jitter", half fixed and half random, never
 // above the cap.
 func Jitter(lo, hi float64) float64 {
-	return lo + (hi-lo)*rand.Float64()
+	return lo + (hi-lo)*rand.Float64() //nolint:gosec // G404: jitter spreads retries; nothing depends on it being unpredictable
 }

@@ -246,7 +246,7 @@ func runAs() (*syscall.Credential, int, int, error) {
 	}
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, uid, gid, nil
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, uid, gid, nil //nolint:gosec // G115: ids from os/user, which are uint32 on Linux
 }
 
 func freePort() (int, error) {
