@@ -173,7 +173,7 @@ func checkListen(addr string) error {
 	if strings.Contains(host, ":") && net.ParseIP(host) == nil {
 		return fmt.Errorf("%q: host %q is not an IP address or name", addr, host)
 	}
-	if _, err := net.LookupPort("tcp", port); err != nil {
+	if _, err := net.LookupPort("tcp", port); err != nil { //nolint:noctx // a number or an /etc/services name: nothing on the network to cancel
 		return fmt.Errorf("%q: port %q is not a port number (0-65535) or service name", addr, port)
 	}
 	return nil

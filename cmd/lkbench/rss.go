@@ -888,7 +888,7 @@ func summarisePhase(name string, rows int64, sec float64, window [2]float64, sam
 // scrape gives -1 for each.
 func scrapeGo(client *http.Client, url string) map[string]int64 {
 	out := map[string]int64{"go_memstats_heap_inuse_bytes": -1, "go_memstats_heap_alloc_bytes": -1, "go_goroutines": -1}
-	resp, err := client.Get(url)
+	resp, err := client.Get(url) //nolint:noctx // bounded by the client's Timeout
 	if err != nil {
 		return out
 	}

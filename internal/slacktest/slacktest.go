@@ -12,6 +12,7 @@ package slacktest
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -345,7 +346,7 @@ func Body(t testing.TB, cb slack.InteractionCallback) []byte {
 // signed with secret at ts.
 func SignedRequest(t testing.TB, target, secret string, ts time.Time, body []byte) *http.Request {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, target, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
 		t.Fatalf("slacktest: request: %v", err)
 	}
