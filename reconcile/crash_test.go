@@ -70,7 +70,7 @@ func TestKill9MidPass(t *testing.T) {
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
-	testwait.Recv(t, waited, testwait.Timeout) // killed: it cannot take long
+	_ = testwait.Recv(t, waited, testwait.Timeout) // killed: it cannot take long; its exit status is "killed"
 
 	if n := db.Count(t, "reconcile_audit"); n != 0 {
 		t.Fatalf("audit rows after the crash = %d", n)

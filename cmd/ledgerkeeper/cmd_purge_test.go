@@ -115,7 +115,7 @@ func TestPurgeAlreadyRunningExitsZero(t *testing.T) {
 	if ok, err := store.TryPurgeLock(ctx, conn); err != nil || !ok {
 		t.Fatalf("lock: %v %v", ok, err)
 	}
-	defer store.ReleasePurgeLock(ctx, conn)
+	defer store.ReleasePurgeLock(ctx, conn) //nolint:errcheck // cleanup; the connection closes with the test
 	code, out, errOut := runCLI(t, "purge", "--database-url", db.URL)
 	if code != exitOK || !strings.Contains(out, "already running") {
 		t.Fatalf("exit %d, out %q, err %q", code, out, errOut)

@@ -291,10 +291,10 @@ func rssRun(ctx context.Context, srv *server, s rssSetup, logf func(string, ...a
 	stopChild := func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case <-exited: //nolint:errcheck // a child we stopped: its exit status is no result
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
-			<-exited
+			<-exited //nolint:errcheck // killed: its exit status is no result
 		}
 	}
 
@@ -651,10 +651,10 @@ func rssDaemon(ctx context.Context, srv *server, s daemonSetup, logf func(string
 	defer func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case <-exited: //nolint:errcheck // a child we stopped: its exit status is no result
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
-			<-exited
+			<-exited //nolint:errcheck // killed: its exit status is no result
 		}
 	}()
 

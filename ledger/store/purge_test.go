@@ -227,7 +227,7 @@ func TestPurgeBatchTimeout(t *testing.T) {
 	if err := SetStatementTimeout(ctx, conn, 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	defer SetStatementTimeout(ctx, conn, 0)
+	defer SetStatementTimeout(ctx, conn, 0) //nolint:errcheck // cleanup; the connection closes with the test
 
 	blocker, err := db.Pool.Begin(ctx)
 	if err != nil {
@@ -257,7 +257,7 @@ func TestAsBatchTimeout(t *testing.T) {
 	if err := SetStatementTimeout(ctx, conn, 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	defer SetStatementTimeout(ctx, conn, 0)
+	defer SetStatementTimeout(ctx, conn, 0) //nolint:errcheck // cleanup; the connection closes with the test
 	_, slow := conn.Exec(ctx, `SELECT pg_sleep(5)`)
 	if slow == nil {
 		t.Fatal("pg_sleep(5) finished under a 50ms statement timeout")
