@@ -302,9 +302,10 @@ func FuzzRender(f *testing.F) {
 		var items []item
 		for i := range count {
 			k := key
-			if i%3 == 1 {
+			switch i % 3 {
+			case 1:
 				k = fmt.Sprintf("%s-%d", key, i)
-			} else if i%3 == 2 {
+			case 2:
 				k = "" // tool-wide
 			}
 			items = append(items, item{id: int64(i), reason: reason, tool: tool, key: k,

@@ -168,7 +168,7 @@ func (h *Handler) viewSubmission(ctx context.Context, cb slack.InteractionCallba
 	// Once per submission, whichever transport, replica or retry
 	// delivered it; claimed only once the form is complete, so a form
 	// sent back with errors can be submitted again.
-	fresh, err := h.Claim(ctx, "view:"+v.ID+":"+cmpStr(cb.ViewSubmissionCallback.Hash, v.Hash), SeenTTL)
+	fresh, err := h.Claim(ctx, "view:"+v.ID+":"+cmpStr(cb.Hash, v.Hash), SeenTTL)
 	if err != nil {
 		return nil, err
 	}

@@ -86,7 +86,7 @@ func parsePlaceholder(name string) (*placeholder, error) {
 			return nil, err
 		}
 		if len(p.segs) == 0 {
-			return nil, fmt.Errorf("%q needs a path after request.", name)
+			return nil, fmt.Errorf("%q needs a path after request.", name) //nolint:staticcheck // ST1005: "request." is the placeholder's prefix, not punctuation
 		}
 		return &placeholder{name: name, kind: phRequest, path: p}, nil
 	}

@@ -214,7 +214,7 @@ func replay(stored json.RawMessage) (*mcp.CallToolResult, error) {
 	return &out, nil
 }
 
-func run(ctx context.Context, next mcp.ToolHandler, req *mcp.CallToolRequest) (out *mcp.CallToolResult, err error, panicked any) {
+func run(ctx context.Context, next mcp.ToolHandler, req *mcp.CallToolRequest) (out *mcp.CallToolResult, err error, panicked any) { //nolint:staticcheck // ST1008: the handler's own (result, error), then what it panicked with
 	defer func() {
 		// The SDK does not recover handler panics (one would end the
 		// server); the effect may have happened, so the key is left
