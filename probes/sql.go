@@ -101,7 +101,7 @@ const ProbeExecMode = pgx.QueryExecModeDescribeExec
 func CheckExecMode(databaseURL string) error {
 	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
-		return nil
+		return nil //nolint:nilerr // the exec mode alone is checked here; a bad URL is reported where the pool is opened
 	}
 	return checkExecMode(cfg.DefaultQueryExecMode)
 }
