@@ -144,12 +144,6 @@ func GetHold(ctx context.Context, db ledger.DBTX, key string) (Hold, error) {
 	return h, wrap("get hold", err)
 }
 
-func isHeld(ctx context.Context, db ledger.DBTX, key string) (bool, error) {
-	var held bool
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM key_holds WHERE key = $1)`, key).Scan(&held)
-	return held, wrap("check hold", err)
-}
-
 func currentAttempts(ctx context.Context, db ledger.DBTX, k ledger.Key) (int, error) {
 	var n int
 	err := db.QueryRow(ctx, `SELECT coalesce((SELECT attempts FROM reconcile_state WHERE key = $1 AND claimed_at = $2), 0)`, k.Key, k.ClaimedAt).Scan(&n)
