@@ -33,7 +33,7 @@ func (s *mcpSink) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Ca
 	s.mu.Unlock()
 	return &mcp.CallToolResult{
 		Content:           []mcp.Content{&mcp.TextContent{Text: "ticket created"}},
-		StructuredContent: map[string]any{"ticket": n, "arguments": json.RawMessage(req.Params.Arguments)},
+		StructuredContent: map[string]any{"ticket": n, "arguments": req.Params.Arguments},
 	}, nil
 }
 

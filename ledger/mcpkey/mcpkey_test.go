@@ -54,7 +54,7 @@ func (s *sink) handle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallT
 	}
 	return &mcp.CallToolResult{
 		Content:           []mcp.Content{&mcp.TextContent{Text: "ticket created"}},
-		StructuredContent: map[string]any{"ticket": n, "arguments": json.RawMessage(req.Params.Arguments)},
+		StructuredContent: map[string]any{"ticket": n, "arguments": req.Params.Arguments},
 	}, nil
 }
 
