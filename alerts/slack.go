@@ -288,7 +288,7 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		return 0, false
 	}
 	d = min(d, maxSlackRetryAfter)
-	return ((d + time.Second - 1) / time.Second) * time.Second, true
+	return ((d + time.Second - 1) / time.Second) * time.Second, true //nolint:durationcheck // rounds up to whole seconds: a count times time.Second
 }
 
 // redactor strips secrets from errors. slack-go and net/http quote the
