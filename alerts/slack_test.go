@@ -120,13 +120,14 @@ func TestParseRetryAfter(t *testing.T) {
 func TestRetryAfterTransportNormalisesDates(t *testing.T) {
 	at := time.Now().Add(45 * time.Second).UTC().Format(http.TimeFormat)
 	base := roundTripFunc(func(*http.Request) (*http.Response, error) {
-		return &http.Response{StatusCode: 429, Header: http.Header{"Retry-After": {at}}, Body: http.NoBody}, nil
+		return &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {at}}, Body: http.NoBody}, nil
 	})
 	req, _ := http.NewRequest(http.MethodPost, "http://x/api/chat.postMessage", nil)
 	resp, err := retryAfterTransport{base: base}.RoundTrip(req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer resp.Body.Close()
 	if v := resp.Header.Get("Retry-After"); v != "44" && v != "45" {
 		t.Errorf("Retry-After %q, want seconds", v)
 	}
@@ -137,13 +138,14 @@ func TestRetryAfterTransportNormalisesDates(t *testing.T) {
 func TestRetryAfterTransportDropsWhatIsNotDelaySecondsOrADate(t *testing.T) {
 	for in, want := range map[string]string{"+5": "", "-1": "", "soon": "", "1.5": "", "30": "30"} {
 		base := roundTripFunc(func(*http.Request) (*http.Response, error) {
-			return &http.Response{StatusCode: 429, Header: http.Header{"Retry-After": {in}}, Body: http.NoBody}, nil
+			return &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {in}}, Body: http.NoBody}, nil
 		})
 		req, _ := http.NewRequest(http.MethodPost, "http://x/api/chat.postMessage", nil)
 		resp, err := retryAfterTransport{base: base}.RoundTrip(req)
 		if err != nil {
 			t.Fatal(err)
 		}
+		resp.Body.Close()
 		if got := resp.Header.Get("Retry-After"); got != want {
 			t.Errorf("Retry-After %q became %q, want %q", in, got, want)
 		}

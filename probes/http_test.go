@@ -371,7 +371,7 @@ func TestHTTPTimeoutWhileReadingBody(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(200)
+		w.WriteHeader(http.StatusOK)
 		_, _ = io.WriteString(w, `{"data":[{"id":"t-1"}`)
 		w.(http.Flusher).Flush()
 		select {
@@ -501,7 +501,7 @@ func TestHTTPHeadersAreSentNeverShown(t *testing.T) {
 	const token = "Bearer tok-0123456789abcdef"
 	// The downstream rejects the token and echoes it, as some do.
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(401)
+		w.WriteHeader(http.StatusUnauthorized)
 		fmt.Fprintf(w, `{"error":"invalid credentials %q for %s"}`, r.Header.Get("Authorization"), r.Header.Get("X-Api-Key"))
 	})
 	p := newHTTP(t, probes.HTTPConfig{
@@ -546,7 +546,7 @@ func TestHTTPMethods(t *testing.T) {
 		if r.Method == http.MethodHead {
 			if strings.HasSuffix(r.URL.Path, "/missing") {
 				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(404)
+				w.WriteHeader(http.StatusNotFound)
 			}
 			return
 		}
@@ -797,7 +797,7 @@ func TestHTTPHostHeader(t *testing.T) {
 		host = r.Host
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(404)
+		w.WriteHeader(http.StatusNotFound)
 		_, _ = io.WriteString(w, `{}`)
 	})
 	p := newHTTP(t, probes.HTTPConfig{URL: srv.URL + "/x/{key}", Headers: map[string]string{"host": "tickets.internal"}})

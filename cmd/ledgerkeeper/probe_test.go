@@ -251,7 +251,7 @@ func TestProbeRun(t *testing.T) {
 		t.Fatalf("probe run --json: %d %v\n%s\n%s", code, err, out, stderr)
 	}
 	if doc.Key != "k-proc" || doc.Tool != "create_ticket" || !doc.InLedger || doc.Status != "processing" || doc.Verdict != "found" || doc.Written ||
-		len(doc.Requests) != 1 || doc.Requests[0].Method != "GET" || !doc.Requests[0].Answered || doc.Requests[0].HTTPStatus != 200 ||
+		len(doc.Requests) != 1 || doc.Requests[0].Method != http.MethodGet || !doc.Requests[0].Answered || doc.Requests[0].HTTPStatus != 200 ||
 		!strings.HasSuffix(doc.Requests[0].URL, "idempotency_key=k-proc&api_key=[redacted]") || !strings.Contains(doc.Requests[0].BodyExcerpt, `"T-2"`) ||
 		doc.WouldStore == nil || doc.WouldStore.Code != 201 || !sameJSON(doc.WouldStore.Body, `{"ticket_id":"T-2"}`) || doc.Stored != nil {
 		t.Fatalf("probe run --json document: %+v\n%s", doc, out)

@@ -140,7 +140,7 @@ http:
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != 200 || !strings.Contains(string(body), want) {
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
 			t.Fatalf("%s: %d, want %q in:\n%.2000s", path, resp.StatusCode, want, body)
 		}
 	}
