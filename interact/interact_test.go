@@ -21,8 +21,8 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/slacktest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 const (

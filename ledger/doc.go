@@ -8,7 +8,7 @@
 //
 // The reconciler's and the operator's side of the same table (leases,
 // decisions, holds, breakers, self-checks, stats, purge, audit) is package
-// ledger/store, which imports this one; nothing here imports it, so a tool
+// store, which imports this one; nothing here imports it, so a tool
 // server never sees LeaseDue or DecideMany.
 //
 // # Key lifecycle
@@ -27,7 +27,7 @@
 //
 // Claim, Complete, Heartbeat and Abandon are here; the reconciler's
 // transitions (a probe's completion, MarkRetryable) and the operator's are
-// ledger/store's. Every transition is compare-and-set: it names the status and the
+// store's. Every transition is compare-and-set: it names the status and the
 // claimed_at it read, so a write based on a stale read changes nothing and
 // reports ErrConflict. The one edge a reader may not expect
 // (ARCHITECTURE.md, "Transitions"), failed_retryable → completed, is taken

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // ErrInvalid marks a request that is wrong in itself, whatever the ledger

@@ -5,7 +5,7 @@ import (
 	"errors"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // RefusalRecord is an act a binding refused before it reached the ledger

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // admit decides whether this pass probes the tool at all: not while its

@@ -40,9 +40,9 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // benchLatency is the downstream's answer time the throughput target is

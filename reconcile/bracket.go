@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // A tool's verdicts change the ledger only from inside a bracket: a trusted

@@ -18,9 +18,9 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // Ways the route in front of the tickets API breaks while ledgerkeeper

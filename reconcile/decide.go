@@ -8,8 +8,8 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // Rules are the engine-wide settings a decision depends on.

@@ -9,9 +9,9 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // The decision table of the package documentation, row by row, against the

@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // explainUntouched reports, for each --key the pass did not decide, why:

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // leaseMargin is the least lease left for a probe to start: the probe's

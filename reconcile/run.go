@@ -11,8 +11,8 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/lease"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // pass is the state of one running pass.

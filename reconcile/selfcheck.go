@@ -17,8 +17,8 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // Self-check outcomes, as stored in probe_self_checks.outcome.

@@ -5,8 +5,8 @@ import (
 	"errors"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // canaries lists tool's canaries: the configuration's first, then those

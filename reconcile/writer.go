@@ -15,7 +15,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // decide turns a probe's answer into a plan for the writers (Decide does

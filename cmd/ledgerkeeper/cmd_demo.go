@@ -26,9 +26,9 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/exampletool"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgembed"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 //go:embed demo.yaml

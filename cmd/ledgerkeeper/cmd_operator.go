@@ -12,8 +12,8 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // inspection is everything `inspect` shows about a key (its --json

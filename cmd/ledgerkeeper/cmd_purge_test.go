@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // TestMain is the package's only TestMain: the CLI's other tests go beside

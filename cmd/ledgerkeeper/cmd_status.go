@@ -14,8 +14,8 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // statusReport is `ledgerkeeper status`'s document.

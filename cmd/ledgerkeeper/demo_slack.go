@@ -22,8 +22,8 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // The demo's Slack users: one listed in alerts.slack.operators (demo.yaml),

@@ -24,8 +24,8 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // bigTools is the ledger's spread of tools: name and share in percent.

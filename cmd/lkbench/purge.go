@@ -18,8 +18,8 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // purgeVariants are the ways of deleting the expired half of the ledger that

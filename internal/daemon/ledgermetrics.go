@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // LedgerMetrics are gauges of the ledger's state, refreshed by the daemon's

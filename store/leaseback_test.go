@@ -6,7 +6,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // A reconciler decision that is refused (the key was put on hold, or a

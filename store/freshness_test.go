@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // A heartbeat is fresh for the tool's heartbeat_timeout, not its processing

@@ -12,7 +12,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // processingKey inserts a processing key of a tool.

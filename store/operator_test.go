@@ -10,7 +10,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/store"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 func decideOperator(t *testing.T, db *pgtest.DB, d store.OperatorDecision) store.DecideResult {
