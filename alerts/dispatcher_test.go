@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
 // transports runs a test against chat.postMessage and the webhook.

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest"
 )
 
 // BenchmarkClaimShape compares, side by side on one database, the Go-side
@@ -17,7 +17,7 @@ import (
 //
 //	go test -run '^$' -bench ClaimShape -benchmem -count 5 ./ledger/
 func BenchmarkClaimShape(b *testing.B) {
-	db := pgtest.New(b)
+	db := ledgertest.New(b)
 	ctx := context.Background()
 	body := json.RawMessage(`{"account_id":"A-7","title":"Printer on fire"}`)
 	hash, err := Fingerprint(body)
@@ -77,7 +77,7 @@ func cpuTime(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func mustGet(b *testing.B, db *pgtest.DB, key string) Key {
+func mustGet(b *testing.B, db *ledgertest.DB, key string) Key {
 	b.Helper()
 	k, err := Get(context.Background(), db.Pool, key)
 	if err != nil {

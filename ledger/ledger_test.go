@@ -13,12 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { ledgertest.Main(m) }
 
 var ctx = context.Background()
 
@@ -32,14 +32,14 @@ func claim(t *testing.T, db ledger.DBTX, key, hash string) ledger.ClaimResult {
 }
 
 // age moves a key's claim into the past, as if it had been claimed d ago.
-func age(t *testing.T, db *pgtest.DB, key string, d time.Duration) {
+func age(t *testing.T, db *ledgertest.DB, key string, d time.Duration) {
 	t.Helper()
 	db.Exec(t, `UPDATE idempotency_keys SET claimed_at = now() - $2::interval, created_at = now() - $2::interval WHERE key = $1`, key, d)
 }
 
 func TestClaimOutcomes(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	first := claim(t, db.Pool, "k1", "h1")
 	if first.Outcome != ledger.New || first.Row.Status != ledger.StatusProcessing {
 		t.Fatalf("first claim = %v %s", first.Outcome, first.Row.Status)
@@ -68,7 +68,7 @@ func TestClaimOutcomes(t *testing.T) {
 
 func TestClaimValidates(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	long := string(make([]byte, 129))
 	for _, p := range []ledger.ClaimParams{
 		{Key: "", Tool: "t", RequestHash: "h"},
@@ -88,7 +88,7 @@ func TestClaimValidates(t *testing.T) {
 
 func TestReclaimFailedRetryable(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	first := claim(t, db.Pool, "k", "h")
 	age(t, db, "k", time.Minute)
 	first.Row, _ = ledger.Get(ctx, db.Pool, "k")
@@ -147,7 +147,7 @@ func claimAtOnce(t *testing.T, db ledger.DBTX, n int, p ledger.ClaimParams) map[
 
 func TestConcurrentReclaimOneWinner(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	first := claim(t, db.Pool, "k", "h")
 	if err := ledger.Abandon(ctx, db.Pool, "k", first.Row.ClaimedAt); err != nil {
 		t.Fatal(err)
@@ -164,7 +164,7 @@ func TestConcurrentReclaimOneWinner(t *testing.T) {
 // predates the winner's commit go round again), and there is one row.
 func TestConcurrentFirstClaimOneWinner(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	// Several rounds: a claim whose snapshot predates the winner's commit
 	// is a race, hit in some rounds only.
 	const n, rounds = 50, 10
@@ -194,7 +194,7 @@ func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQu
 // a key in flight, other arguments, a re-claim), it costs one round trip.
 func TestClaimIsOneStatement(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -239,7 +239,7 @@ func TestClaimIsOneStatement(t *testing.T) {
 
 func TestOriginalCompletesAfterMarkedRetryable(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	first := claim(t, db.Pool, "k", "h")
 	if err := ledger.Abandon(ctx, db.Pool, "k", first.Row.ClaimedAt); err != nil {
 		t.Fatal(err)

@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
 // mwTool is the handler behind the middleware: it records one effect per
@@ -97,7 +97,7 @@ func (h *mwTool) total() int {
 }
 
 type mwBundle struct {
-	db   *pgtest.DB
+	db   *ledgertest.DB
 	srv  *httptest.Server
 	tool *mwTool
 }
@@ -106,7 +106,7 @@ type mwBundle struct {
 // a fresh migrated ledger.
 func mwSetup(t *testing.T, tool *mwTool, cfg ledger.MiddlewareConfig) *mwBundle {
 	t.Helper()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	tool.effects = map[string]int{}
 	tool.started = make(chan string, 100)
 	cfg.DB, cfg.Tool = db.Pool, "create_ticket"

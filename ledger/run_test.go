@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest"
 )
 
 // runCall is a call of create_ticket with request req (canonical here).
@@ -23,7 +23,7 @@ func runCall(key, req string) ledger.Call {
 // with other arguments runs nothing.
 func TestRunStoresADefinitiveResponseAndReplaysIt(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	var runs atomic.Int32
 	handler := func(ctx context.Context) ledger.Response {
 		runs.Add(1)
@@ -65,7 +65,7 @@ func TestRunStoresADefinitiveResponseAndReplaysIt(t *testing.T) {
 // told it is in flight, and the handler does not run again.
 func TestRunLeavesTheKeyProcessingAfterATooManyRequests(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	var runs atomic.Int32
 	handler := func(context.Context) ledger.Response {
 		runs.Add(1)

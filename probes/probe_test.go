@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
 

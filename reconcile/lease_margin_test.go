@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 	"github.com/ledgerkeeper/ledgerkeeper/store"
 )

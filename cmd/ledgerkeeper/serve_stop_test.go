@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
 // jsonLines are the JSON log records whose msg is msg.

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
 // slackServer speaks chat.postMessage and records the texts it got.

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
 // router is a tickets API behind a router whose routes an operator breaks

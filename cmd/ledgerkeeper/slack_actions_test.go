@@ -16,7 +16,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/interact"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/slacktest"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
 const (

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/pgembed"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/pgembed"
 )
 
 // server is where a benchmark's databases live.

@@ -20,8 +20,8 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/exampletool"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

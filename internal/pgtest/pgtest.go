@@ -28,13 +28,15 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"go.uber.org/goleak"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/pgembed"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/pgembed"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 )
 
 // EnvURL names the variable that points the tests at an existing server. The
-// user must be allowed to create databases.
-const EnvURL = "LEDGERKEEPER_TEST_DATABASE_URL"
+// user must be allowed to create databases. It is the tool module's
+// (ledgertest.EnvURL): one variable points both modules' tests at a server.
+const EnvURL = ledgertest.EnvURL
 
 const templateDB = "ledgerkeeper_template"
 

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
 func TestStringRemovesEveryFormOfARegisteredValue(t *testing.T) {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/mcpkey"
 )
 
@@ -18,7 +18,7 @@ import (
 // HTTP handler under ledger.Middleware does: one Attempt, one context key,
 // naming the claim the row holds.
 func TestLedgerAttemptFromContextInsideAnMCPHandler(t *testing.T) {
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	type report struct {
 		attempt ledger.Attempt
 		beat    error // the attempt's own heartbeat, from inside the handler

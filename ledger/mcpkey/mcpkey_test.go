@@ -17,13 +17,13 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/mcpkey"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { ledgertest.Main(m) }
 
 // sink is the tool behind the middleware: one effect per run, counted per
 // key (or under "" for unkeyed runs).
@@ -67,7 +67,7 @@ func (s *sink) of(key string) int {
 }
 
 type bundle struct {
-	db   *pgtest.DB
+	db   *ledgertest.DB
 	srv  *httptest.Server
 	sink *sink
 }
@@ -78,7 +78,7 @@ var objectSchema = map[string]any{"type": "object"}
 // (AllowMissingKey) over streamable HTTP.
 func setup(t *testing.T, s *sink) *bundle {
 	t.Helper()
-	db := pgtest.New(t)
+	db := ledgertest.New(t)
 	s.effects = map[string]int{}
 	server := mcp.NewServer(&mcp.Implementation{Name: "tickets", Version: "test"}, nil)
 	mcpkey.AddTool(server, &mcp.Tool{Name: "create_ticket", InputSchema: objectSchema},
@@ -144,7 +144,7 @@ func wantCode(t *testing.T, err error, code int64, what string) {
 	}
 }
 
-func row(t *testing.T, db *pgtest.DB, key string) ledger.Key {
+func row(t *testing.T, db *ledgertest.DB, key string) ledger.Key {
 	t.Helper()
 	k, err := ledger.Get(context.Background(), db.Pool, key)
 	if err != nil {

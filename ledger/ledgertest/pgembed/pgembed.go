@@ -1,7 +1,9 @@
 // Package pgembed starts a throwaway PostgreSQL cluster from the local
-// PostgreSQL binaries: for the test harness when no database URL is given and
-// no Docker engine answers, for `ledgerkeeper demo` and for lkbench, which
-// must not link the test harness (package testing, goleak, testcontainers).
+// PostgreSQL binaries: for the test harnesses (package ledgertest, and the
+// daemon's, when no database URL is given and no Docker engine answers), for
+// `ledgerkeeper demo` and for lkbench. It is a package of its own, apart from
+// ledgertest, because a program that starts a cluster must not link the test
+// harness (package testing).
 //
 // The cluster lives in a temporary directory, listens on 127.0.0.1 on a free
 // port and on a unix socket inside that directory, trusts local connections

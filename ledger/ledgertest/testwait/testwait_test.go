@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/testwait"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
 // recorder is a testing.TB whose Fatalf records the failure and ends the
