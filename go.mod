@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/gorilla/websocket v1.5.3
 	github.com/jackc/pgx/v5 v5.13.0
+	github.com/ledgerkeeper/ledgerkeeper/ledger v0.0.0-00010101000000-000000000000
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	github.com/pressly/goose/v3 v3.30.1
 	github.com/prometheus/client_golang v1.25.0
@@ -90,3 +91,7 @@ require (
 	golang.org/x/text v0.44.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+// The tool side's module (ledger/go.mod), from this repository's working
+// tree: the daemon is always built and tested with the ledger next to it.
+replace github.com/ledgerkeeper/ledgerkeeper/ledger => ./ledger

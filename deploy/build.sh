@@ -8,7 +8,8 @@
 #
 # The version (internal/version) comes from, in order:
 #   $VERSION   (docker build --build-arg VERSION=...; there is no git in the image build)
-#   git describe --tags --always --dirty, when run in a git work tree
+#   git describe --tags --exclude 'ledger/*' --always --dirty, when run in a git work tree
+#              (ledger/vX.Y.Z tags version the tool side's module, not the daemon)
 #   nothing: the binary then reports the VCS revision the Go toolchain recorded, or "unknown".
 # The revision likewise from $REVISION, then git rev-parse HEAD.
 # GOOS, GOARCH and GOFLAGS are passed through to go build.
@@ -21,7 +22,7 @@ in_git() { command -v git >/dev/null 2>&1 && git rev-parse --is-inside-work-tree
 version=${VERSION:-}
 revision=${REVISION:-}
 if in_git; then
-  [ -n "$version" ] || version=$(git describe --tags --always --dirty)
+  [ -n "$version" ] || version=$(git describe --tags --exclude 'ledger/*' --always --dirty)
   [ -n "$revision" ] || revision=$(git rev-parse HEAD)
 fi
 
