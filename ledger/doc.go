@@ -8,8 +8,10 @@
 //
 // The reconciler's and the operator's side of the same table (leases,
 // decisions, holds, breakers, self-checks, stats, purge, audit) is package
-// store, which imports this one; nothing here imports it, so a tool
-// server never sees LeaseDue or DecideMany.
+// store, in the daemon's module (github.com/ledgerkeeper/ledgerkeeper/store),
+// which imports this one; this module (ledger/go.mod) does not require the
+// daemon's, so a tool server never sees LeaseDue or DecideMany, nor builds
+// against the daemon's requirements.
 //
 // # Key lifecycle
 //

@@ -223,7 +223,7 @@ func (m *SocketMode) WaitConns(t testing.TB, n int, timeout time.Duration) []int
 }
 
 // waitFor polls get until it returns at least n items, or fails the test
-// after timeout (internal/testwait.Eventually).
+// after timeout (testwait.Eventually).
 func waitFor[T any](t testing.TB, timeout time.Duration, get func() []T, n int, what string) []T {
 	t.Helper()
 	testwait.Eventually(t, func() bool { return len(get()) >= n }, timeout, fmt.Sprintf("%d %s", n, what))
