@@ -20,6 +20,8 @@ import (
 	_ "embed"
 	"fmt"
 	"os"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -51,7 +53,10 @@ var (
 )
 
 // Main starts the server, runs the tests, drops their databases, stops the
-// server and exits.
+// server and exits. After a successful run it fails the binary when a
+// goroutine is still running this module's code (a heartbeat or handler
+// the tests started and never stopped): the leak check the daemon's
+// harness gets from goleak, without goleak in this module's requirements.
 func Main(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -68,7 +73,43 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "ledgertest: cleanup: %v\n", err)
 	}
 	stop()
+	if code == 0 {
+		if leaked := leakedGoroutines(5 * time.Second); leaked != "" {
+			fmt.Fprintf(os.Stderr, "ledgertest: goroutines still running the tool side's code after the tests:\n%s\n", leaked)
+			return 1
+		}
+	}
 	return code
+}
+
+// ownCode marks a stack frame of this module's packages (ledger, ledger/mcpkey
+// and below), as the runtime prints it: "<package path>.<function>(".
+const ownCode = "github.com/ledgerkeeper/ledgerkeeper/ledger"
+
+// leakedGoroutines polls until no goroutine but the caller's has a frame of
+// this module's code, and returns those goroutines' stacks if some still do
+// after timeout. Goroutines just told to stop (a pool closed by a test's
+// cleanup) get the timeout to finish.
+func leakedGoroutines(timeout time.Duration) string {
+	deadline := time.Now().Add(timeout)
+	for {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var leaked []string
+		// The first goroutine is this one (running ledgertest.run): skipped.
+		for _, g := range strings.Split(string(buf), "\n\n")[1:] {
+			if strings.Contains(g, ownCode+".") || strings.Contains(g, ownCode+"/mcpkey.") {
+				leaked = append(leaked, g)
+			}
+		}
+		if len(leaked) == 0 {
+			return ""
+		}
+		if time.Now().After(deadline) {
+			return strings.Join(leaked, "\n\n")
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
+	}
 }
 
 func start(ctx context.Context) (func(), error) {
