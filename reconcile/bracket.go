@@ -156,17 +156,37 @@ func (t *toolRun) openBatch(ctx context.Context, due json.RawMessage) (bool, err
 	return true, nil
 }
 
-// freshOpener runs the opener again before a batch starts when the check
-// that would open it is older than bracketSpan (the pass waited out a
-// pause, or the given-back keys of one): it passed before the wait, and the
-// world may have changed during it (a pause often comes with a redeploy).
-// It reports whether the tool may be probed.
+// openedBefore reports whether the batch's opening check began before at:
+// then it vouches for no probe started after at.
+func (b *batch) openedBefore(at time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.opener != nil && !at.IsZero() && b.opener.CheckedAt.Before(at)
+}
+
+// freshOpener makes sure the check that opens the next probes is fresh. A
+// pause since the batch's opener: the answers from before it are closed
+// (their closer, sent after the pause, opens what follows), and if none
+// was held a new opener is run; the keys the pause gave back are probed
+// only after it (mayStart holds them back until then). An idle tool share
+// (no key leased) whose opener is older than bracketSpan runs a new one
+// too. It reports whether the tool may be probed.
 func (t *toolRun) freshOpener(ctx context.Context) (bool, error) {
+	pausedSince := t.limit().pausedSince()
 	t.bk.mu.Lock()
-	stale := t.bk.leased == 0 && t.bk.opener != nil && time.Since(t.bk.opener.CheckedAt) > bracketSpan
-	shape := t.bk.lastShape
+	afterPause := t.bk.opener != nil && !pausedSince.IsZero() && t.bk.opener.CheckedAt.Before(pausedSince)
+	idle := t.bk.leased == 0 && t.bk.opener != nil && time.Since(t.bk.opener.CheckedAt) > bracketSpan
+	leased, shape := t.bk.leased, t.bk.lastShape
 	t.bk.mu.Unlock()
-	if !stale {
+	switch {
+	case afterPause && leased > 0:
+		if goOn, err := t.closeBatch(ctx); !goOn || err != nil {
+			return goOn, err
+		}
+		if !t.bk.openedBefore(pausedSince) {
+			return true, nil // the closer, sent after the pause, opens
+		}
+	case !afterPause && !idle:
 		return true, nil
 	}
 	return t.openBatch(ctx, shape)

@@ -168,9 +168,12 @@ func judgeStart(paused, refused bool, now, lastStart time.Time) startGate {
 	return startGo
 }
 
-// mayStart judges the key now (judgeStart).
+// mayStart judges the key now (judgeStart). A key of a batch whose opening
+// check is older than the tool's latest pause waits like a paused one: it
+// goes back, to be probed after a fresh check (freshOpener).
 func (t *toolRun) mayStart(ctx context.Context, lim *toolLimit, lastStart time.Time) startGate {
-	return judgeStart(lim.pausedFor() > 0, ctx.Err() != nil || t.p.stopping() || t.isOpen(), time.Now(), lastStart)
+	paused := lim.pausedFor() > 0 || (t.bracketed && t.bk.openedBefore(lim.pausedSince()))
+	return judgeStart(paused, ctx.Err() != nil || t.p.stopping() || t.isOpen(), time.Now(), lastStart)
 }
 
 // slots are the probe slots one key holds: its tool's (Policy.Concurrency)

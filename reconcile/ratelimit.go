@@ -41,6 +41,7 @@ type toolLimit struct {
 
 	mu    sync.Mutex
 	until time.Time // probing paused until then (local monotonic time)
+	since time.Time // when the latest pause began (zero: never paused)
 }
 
 func newToolLimit(tool string, rl RateLimit, m *Metrics) *toolLimit {
@@ -111,6 +112,9 @@ func (l *toolLimit) pause(d time.Duration) (until time.Time, started bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.until, started = extendPause(l.until, now, d)
+	if started {
+		l.since = now
+	}
 	l.metrics.probePaused(l.tool, l.until, started)
 	return l.until, started
 }
@@ -125,6 +129,18 @@ func extendPause(until, now time.Time, d time.Duration) (time.Time, bool) {
 		until = end
 	}
 	return until, started
+}
+
+// pausedSince is when the tool's latest pause began (zero: never paused).
+// A self-check finished before then vouches for no probe sent after it: the
+// world may change during a pause (one often comes with a redeploy).
+func (l *toolLimit) pausedSince() time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.since
 }
 
 // pausedFor is how long the tool's probing stays paused (0: not paused).
