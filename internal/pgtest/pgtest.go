@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,7 +43,6 @@ var (
 	serverURL string // admin URL of the server, database "postgres"
 	prefix    string // per test binary, so binaries can share one server
 	counter   atomic.Int64
-	createMu  sync.Mutex
 )
 
 // Main starts the server, runs the tests, stops the server and exits. It
@@ -165,40 +163,16 @@ func prepareTemplate(ctx context.Context) error {
 }
 
 func dropOwnDatabases(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, serverURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE $1", prefix+"%")
-	if err != nil {
-		return err
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return err
-	}
-	for _, n := range names {
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{n}.Sanitize()+" WITH (FORCE)"); err != nil {
-			return err
-		}
-	}
-	return nil
+	return ledgertest.DropDatabases(ctx, serverURL, prefix)
 }
 
 // WithDatabase returns u with its database name replaced
 // (pgembed.WithDatabase, under the harness's name for tests).
 func WithDatabase(u, db string) string { return pgembed.WithDatabase(u, db) }
 
-// DB is one test's database.
-type DB struct {
-	// Pool is connected to the database; closed when the test ends.
-	Pool *pgxpool.Pool
-	// URL connects to the same database (for subprocesses and second pools).
-	URL string
-	// Name is the database name.
-	Name string
-}
+// DB is one test's database (the tool side's harness's: Pool, URL, Name,
+// Exec, Count).
+type DB = ledgertest.DB
 
 // New returns a fresh database with the ledgerkeeper schema applied.
 func New(t testing.TB) *DB {
@@ -218,45 +192,5 @@ func create(t testing.TB, template string) *DB {
 	if serverURL == "" {
 		t.Fatal("pgtest: no server: call pgtest.Main(m) from TestMain")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	name := fmt.Sprintf("%s_%d", prefix, counter.Add(1))
-	conn, err := pgx.Connect(ctx, serverURL)
-	if err != nil {
-		t.Fatalf("pgtest: connect: %v", err)
-	}
-	// Creating from one template is serialised: PostgreSQL refuses a copy
-	// while another session is connected to the template.
-	createMu.Lock()
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{template}.Sanitize())
-	createMu.Unlock()
-	conn.Close(ctx)
-	if err != nil {
-		t.Fatalf("pgtest: create database: %v", err)
-	}
-	u := WithDatabase(serverURL, name)
-	pool, err := pgxpool.New(ctx, u)
-	if err != nil {
-		t.Fatalf("pgtest: pool: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return &DB{Pool: pool, URL: u, Name: name}
-}
-
-// Exec runs a statement and fails the test on error.
-func (d *DB) Exec(t testing.TB, sql string, args ...any) {
-	t.Helper()
-	if _, err := d.Pool.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("pgtest: %s: %v", sql, err)
-	}
-}
-
-// Count returns SELECT count(*) of the query's rows.
-func (d *DB) Count(t testing.TB, from string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := d.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+from, args...).Scan(&n); err != nil {
-		t.Fatalf("pgtest: count %s: %v", from, err)
-	}
-	return n
+	return ledgertest.CreateDB(t, serverURL, fmt.Sprintf("%s_%d", prefix, counter.Add(1)), template)
 }

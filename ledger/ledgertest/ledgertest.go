@@ -155,7 +155,12 @@ func prepareTemplate(ctx context.Context) error {
 	return nil
 }
 
-func dropOwnDatabases(ctx context.Context) error {
+func dropOwnDatabases(ctx context.Context) error { return DropDatabases(ctx, serverURL, prefix) }
+
+// DropDatabases drops, on the server at serverURL (an admin URL), every
+// database whose name starts with prefix: what one test binary created.
+// The daemon's harness (internal/pgtest) shares it.
+func DropDatabases(ctx context.Context, serverURL, prefix string) error {
 	conn, err := pgx.Connect(ctx, serverURL)
 	if err != nil {
 		return err
@@ -193,9 +198,16 @@ func New(t testing.TB) *DB {
 	if serverURL == "" {
 		t.Fatal("ledgertest: no server: call ledgertest.Main(m) from TestMain")
 	}
+	return CreateDB(t, serverURL, fmt.Sprintf("%s_%d", prefix, counter.Add(1)), templateName())
+}
+
+// CreateDB creates database name on the server at serverURL (an admin URL)
+// as a copy of template, and returns it with a pool closed when the test
+// ends. The daemon's harness (internal/pgtest) shares it.
+func CreateDB(t testing.TB, serverURL, name, template string) *DB {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	name := fmt.Sprintf("%s_%d", prefix, counter.Add(1))
 	conn, err := pgx.Connect(ctx, serverURL)
 	if err != nil {
 		t.Fatalf("ledgertest: connect: %v", err)
@@ -203,7 +215,7 @@ func New(t testing.TB) *DB {
 	// Copies of one template are serialised: PostgreSQL refuses a copy while
 	// another session is connected to the template.
 	createMu.Lock()
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{templateName()}.Sanitize())
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{template}.Sanitize())
 	createMu.Unlock()
 	conn.Close(ctx)
 	if err != nil {
