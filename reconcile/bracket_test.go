@@ -119,18 +119,7 @@ func (a *ingressAPI) requests() int {
 
 func (a *ingressAPI) probeAt(t *testing.T, pathAndQuery string) probes.Probe {
 	t.Helper()
-	p, err := probes.NewHTTP(probes.HTTPConfig{
-		URL:          a.srv.URL + pathAndQuery,
-		Match:        "data",
-		ResponseCode: 201,
-		ResponseBody: map[string]string{"ticket_id": "id"},
-		Timeout:      5 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
+	return ticketsProbe(t, a.srv.URL+pathAndQuery)
 }
 
 // completeThrough does what the tool server does for key: claim, create
@@ -864,10 +853,5 @@ func probeOf(t *testing.T, h http.Handler) probes.Probe {
 	t.Helper()
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	p, err := probes.NewHTTP(probes.HTTPConfig{URL: srv.URL + goodProbePath, Match: "data", ResponseCode: 201, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
+	return ticketsProbe(t, srv.URL+goodProbePath)
 }

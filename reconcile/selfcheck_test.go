@@ -79,8 +79,15 @@ func (a *ticketsAPI) hitsOf(key string) int {
 // path and query appended to the server's address.
 func (a *ticketsAPI) probeAt(t *testing.T, pathAndQuery string) probes.Probe {
 	t.Helper()
+	return probes.Guard(ticketsProbe(t, a.srv.URL+pathAndQuery), 5*time.Second)
+}
+
+// ticketsProbe is the http probe an operator configures for a tickets API
+// at url: match "data", response_code 201, ticket_id from "id".
+func ticketsProbe(t *testing.T, url string) probes.Probe {
+	t.Helper()
 	p, err := probes.NewHTTP(probes.HTTPConfig{
-		URL:          a.srv.URL + pathAndQuery,
+		URL:          url,
 		Match:        "data",
 		ResponseCode: 201,
 		ResponseBody: map[string]string{"ticket_id": "id"},
@@ -90,7 +97,7 @@ func (a *ticketsAPI) probeAt(t *testing.T, pathAndQuery string) probes.Probe {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	return probes.Guard(p, 5*time.Second)
+	return p
 }
 
 const goodProbePath = "/v1/tickets?idempotency_key={key}"
