@@ -8,6 +8,9 @@
 // It is a stand-in for the real API's shapes, not its rules: it checks the
 // bot token when one is set and Slack's size limits that matter to
 // ledgerkeeper (50 blocks, 3000-character private_metadata), nothing else.
+// It can be slow (SetLatency: every answer after a delay, as a Slack under
+// load) and flaky (FailNext: HTTP 503s, then answers again), so that tests
+// can show what a client does about both.
 package slacktest
 
 import (
@@ -47,6 +50,10 @@ type Call struct {
 	JSON map[string]any
 	// Raw is the body as received.
 	Raw []byte
+	// At is when the request arrived (before any SetLatency delay), and
+	// Status the HTTP status it was answered with (200, or FailNext's 503).
+	At     time.Time
+	Status int
 }
 
 // Field returns a field of the call, from the form or the JSON body, as a
@@ -94,13 +101,15 @@ type Server struct {
 	messages map[string]*Message // channel + "/" + ts
 	seq      int
 	fail     map[string]string // method -> error code
+	flaky    map[string]int    // method -> HTTP 503s still to answer
+	latency  time.Duration     // how long every answer takes (SetLatency)
 	socket   *SocketMode       // Socket Mode, once turned on (socketmode.go)
 }
 
 // New starts a server that accepts the bot token token ("" accepts any)
 // and stops it when the test ends.
 func New(t testing.TB, token string) *Server {
-	s := &Server{token: token, messages: map[string]*Message{}, fail: map[string]string{}}
+	s := &Server{token: token, messages: map[string]*Message{}, fail: map[string]string{}, flaky: map[string]int{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.srv.Close)
 	return s
@@ -126,6 +135,57 @@ func (s *Server) Fail(method, code string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.fail[method] = code
+}
+
+// FailNext makes the next n calls of method ("response_url" for posts to
+// a response URL) answer HTTP 503 Service Unavailable, as Slack does when
+// it is in trouble, changing nothing; the calls after them are answered as
+// usual. Each failed call is recorded (Status 503).
+func (s *Server) FailNext(method string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.flaky[method] = n
+}
+
+// SetLatency makes every later answer (Web API methods, response URLs,
+// apps.connections.open) take d: the request is held for d after it
+// arrives, then recorded, applied and answered, as a Slack that is slow to
+// answer. A client that gives up earlier (its context, its timeout) gets
+// no answer and nothing is applied. 0 answers at once.
+func (s *Server) SetLatency(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.latency = d
+}
+
+// delay holds a request for the latency set; false when the client gave
+// up meanwhile (the request is then dropped, as if never received).
+func (s *Server) delay(r *http.Request) bool {
+	s.mu.Lock()
+	d := s.latency
+	s.mu.Unlock()
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
+}
+
+// flake reports whether this call of method is one FailNext asked to fail.
+func (s *Server) flake(method string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.flaky[method] <= 0 {
+		return false
+	}
+	s.flaky[method]--
+	return true
 }
 
 // Post stores a message as if the app had posted it, and returns its ts.
@@ -190,11 +250,16 @@ func (s *Server) WaitCalls(t testing.TB, method string, n int, timeout time.Dura
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	at := time.Now()
+	// A Socket Mode WebSocket is not an answer: it is not held.
+	if !strings.HasPrefix(r.URL.Path, "/socket-mode/") && !s.delay(r) {
+		return
+	}
 	if s.serveSocketMode(w, r) {
 		return
 	}
 	raw, _ := io.ReadAll(io.LimitReader(r.Body, 4<<20))
-	c := Call{Raw: raw, Token: strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")}
+	c := Call{Raw: raw, Token: strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "), At: at, Status: http.StatusOK}
 	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if ct == "application/json" {
 		_ = json.Unmarshal(raw, &c.JSON)
@@ -206,6 +271,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if id, ok := strings.CutPrefix(r.URL.Path, "/response/"); ok {
 		c.Method, c.ResponseID = "response_url", id
+		if s.flake(c.Method) {
+			c.Status = http.StatusServiceUnavailable
+			s.record(c)
+			http.Error(w, "service unavailable", c.Status)
+			return
+		}
 		s.record(c)
 		s.applyResponseURL(c)
 		w.Header().Set("Content-Type", "application/json")
@@ -218,6 +289,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.Method = method
+	if s.flake(c.Method) {
+		c.Status = http.StatusServiceUnavailable
+		s.record(c)
+		http.Error(w, "service unavailable", c.Status)
+		return
+	}
 	s.record(c)
 	answer := s.answer(c)
 	w.Header().Set("Content-Type", "application/json")

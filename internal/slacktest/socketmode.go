@@ -41,6 +41,8 @@ type Ack struct {
 	// Payload is the acknowledgement's payload (null or absent: an empty
 	// acknowledgement).
 	Payload json.RawMessage
+	// At is when it arrived.
+	At time.Time
 }
 
 type smConn struct {
@@ -164,6 +166,7 @@ func (m *SocketMode) serveConn(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return
 		}
+		at := time.Now()
 		var a struct {
 			EnvelopeID string          `json:"envelope_id"`
 			Payload    json.RawMessage `json:"payload"`
@@ -172,7 +175,7 @@ func (m *SocketMode) serveConn(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		m.mu.Lock()
-		m.acks = append(m.acks, Ack{Conn: id, EnvelopeID: a.EnvelopeID, Payload: a.Payload})
+		m.acks = append(m.acks, Ack{Conn: id, EnvelopeID: a.EnvelopeID, Payload: a.Payload, At: at})
 		m.mu.Unlock()
 	}
 }
