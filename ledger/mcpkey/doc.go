@@ -11,9 +11,13 @@
 //   - The key comes from the request's _meta.idempotencyKey (MetaKey, the
 //     field SEP-3182 proposed) or, over the streamable HTTP transport, from
 //     the Idempotency-Key header; both present and different → invalid
-//     params. It never comes from the arguments: they are model-controlled,
-//     and a model that mints a new key per retry defeats the contract. The
-//     orchestrator sets it from its durable step.
+//     params. _meta is the per-call key: clients whose SDK sets headers
+//     once per session (the TypeScript SDK's requestInit) use it. A tool
+//     with Config.AllowMissingKey reads _meta only, so a session-wide
+//     header never claims a key for a read-only call. The key never comes
+//     from the arguments: they are model-controlled, and a model that
+//     mints a new key per retry defeats the contract. The orchestrator
+//     sets it from its durable step.
 //   - No key → a JSON-RPC invalid-params error (-32602) by default: an
 //     unkeyed retry of a side-effecting tool is the duplicate the contract
 //     exists to prevent, and the fault is the orchestrator's, not the
@@ -22,16 +26,32 @@
 //     invalid params.
 //   - The fingerprint (request_hash) is the SHA-256 of the canonical JSON of
 //     {"tool": MCP tool name, "arguments": arguments}, which is also stored
-//     as request_body for the probes. The key used with other arguments, or
-//     for another tool → invalid params; the handler does not run.
+//     as request_body for the probes. Absent, null and {} arguments are one
+//     request, {"arguments":{}}: clients differ in which they send for a
+//     tool without arguments (a key stored when absent arguments hashed as
+//     null still matches its retries). The key used with other arguments,
+//     or for another tool → invalid params; the handler does not run.
 //   - The key in flight → a tool error result (IsError) whose text says to
 //     retry after N seconds with the same key, N also in
 //     _meta["ledgerkeeper/retryAfterSeconds"] (MCP has no 409).
 //   - The key completed → the stored CallToolResult (content, structured
 //     content, _meta) with _meta["ledgerkeeper/idempotentReplay"] = true. A
 //     body that is not a CallToolResult (no "content": the reconciler or an
-//     operator completed the key from the probe's outcome) is replayed as
-//     the structured content, and its JSON as the text content.
+//     operator completed the key from the probe's outcome, resolve or
+//     Slack's Store outcome) is replayed as text content (a JSON string's
+//     value, any other body's JSON) and, when it is a JSON object, as the
+//     structured content.
+//   - structuredContent is sent only when it is a JSON object and, for a
+//     tool with an output schema (Config.OutputSchema, which AddTool takes
+//     from the tool), matches it: MCP requires an object, and the
+//     TypeScript SDK's client throws on anything else (a ZodError for a
+//     string, an array or null; -32602 for an object failing the schema;
+//     -32600 for such a tool's result without structured content).
+//     Otherwise it is left out, _meta["ledgerkeeper/replayAsText"]
+//     (MetaAsText) says why, and a tool with an output schema answers an
+//     error result (IsError, the one shape it may return without
+//     structured content) whose first text says the call already
+//     completed and must not be made again, followed by the outcome.
 //   - Otherwise the handler runs once (ledger.Run, the same core as
 //     ledger.Middleware: the ledger.Attempt in its context, so
 //     ledger.AttemptFromContext works in an MCP handler too; heartbeats if

@@ -48,6 +48,13 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// Logger receives errors the client cannot see. Default: discard.
 	Logger *slog.Logger
+	// OutputSchema is the tool's output schema (mcp.Tool.OutputSchema, any
+	// value that marshals to a JSON Schema, draft 2020-12 or draft-07): a
+	// replay carries its stored outcome as structuredContent only when the
+	// outcome matches it (see the package documentation). AddTool sets it
+	// from the tool when it is nil; set it yourself when you call Wrap for
+	// a tool that declares one. Nil: the tool declares none.
+	OutputSchema any
 }
 
 // Attempt identifies the claim a handler runs under.
@@ -63,16 +70,26 @@ func AttemptFromContext(ctx context.Context) (Attempt, bool) {
 	return ledger.AttemptFromContext(ctx)
 }
 
-// AddTool adds tool t to s with handler h behind Wrap.
+// AddTool adds tool t to s with handler h behind Wrap, whose replays are
+// checked against t's output schema (unless cfg.OutputSchema is set).
 func AddTool(s *mcp.Server, t *mcp.Tool, cfg Config, h mcp.ToolHandler) {
+	if cfg.OutputSchema == nil {
+		cfg.OutputSchema = t.OutputSchema
+	}
 	s.AddTool(t, Wrap(cfg, h))
 }
 
 // Wrap applies the idempotency contract to a tools/call handler. See the
-// package documentation for each answer.
+// package documentation for each answer. It panics when cfg has no DB or
+// cfg.OutputSchema is not a JSON Schema it can resolve: a mistake in the
+// tool server's code, found when it starts.
 func Wrap(cfg Config, next mcp.ToolHandler) mcp.ToolHandler {
 	if cfg.DB == nil || next == nil {
 		panic("mcpkey: Wrap needs DB and a handler")
+	}
+	schema, err := resolveOutputSchema(cfg.OutputSchema)
+	if err != nil {
+		panic(fmt.Sprintf("mcpkey: Config.OutputSchema cannot check replays: %v", err))
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = ledger.DefaultRetryAfter
@@ -81,7 +98,7 @@ func Wrap(cfg Config, next mcp.ToolHandler) mcp.ToolHandler {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		key, err := keyOf(req)
+		key, err := keyOf(req, !cfg.AllowMissingKey)
 		if err != nil {
 			return nil, invalidParams(err.Error())
 		}
@@ -96,32 +113,42 @@ func Wrap(cfg Config, next mcp.ToolHandler) mcp.ToolHandler {
 		if tool == "" {
 			tool = req.Params.Name
 		}
-		canon, err := requestOf(req.Params.Name, req.Params.Arguments)
+		canon, legacy, err := requestOf(req.Params.Name, req.Params.Arguments)
 		if err != nil {
 			return nil, invalidParams("arguments must be one JSON value")
 		}
 		var panicked any
 		var out *mcp.CallToolResult
 		var herr error
-		res, err := ledger.Run(ctx, cfg.DB, ledger.Call{
-			Key: key, Tool: tool, Request: canon, TTL: cfg.TTL,
-			HeartbeatInterval: cfg.HeartbeatInterval, Logger: cfg.Logger,
-		}, func(ctx context.Context) ledger.Response {
-			out, herr, panicked = run(ctx, next, req)
-			if panicked != nil || herr != nil || out == nil || out.IsError {
-				// A protocol error or a tool error result cannot be told
-				// from a technical failure after the effect: nothing is
-				// stored, the key stays processing for the reconciler (or
-				// the handler called Attempt.Abandon).
-				return ledger.Response{IsError: true}
-			}
-			body, err := json.Marshal(out)
-			if err != nil {
-				cfg.Logger.Error("encode tool result; key left processing", "tool", tool, "err", err)
-				return ledger.Response{IsError: true}
-			}
-			return ledger.Response{Code: 200, Body: body}
-		})
+		runAs := func(request json.RawMessage) (ledger.Result, error) {
+			return ledger.Run(ctx, cfg.DB, ledger.Call{
+				Key: key, Tool: tool, Request: request, TTL: cfg.TTL,
+				HeartbeatInterval: cfg.HeartbeatInterval, Logger: cfg.Logger,
+			}, func(ctx context.Context) ledger.Response {
+				out, herr, panicked = run(ctx, next, req)
+				if panicked != nil || herr != nil || out == nil || out.IsError {
+					// A protocol error or a tool error result cannot be told
+					// from a technical failure after the effect: nothing is
+					// stored, the key stays processing for the reconciler (or
+					// the handler called Attempt.Abandon).
+					return ledger.Response{IsError: true}
+				}
+				body, err := json.Marshal(out)
+				if err != nil {
+					cfg.Logger.Error("encode tool result; key left processing", "tool", tool, "err", err)
+					return ledger.Response{IsError: true}
+				}
+				return ledger.Response{Code: 200, Body: body}
+			})
+		}
+		res, err := runAs(canon)
+		if err == nil && res.Claim == ledger.FingerprintMismatch && legacy != nil {
+			// A key stored before absent arguments fingerprinted as {}:
+			// the same call under its old fingerprint. The handler has
+			// not run (a mismatch runs nothing), so it still runs at
+			// most once.
+			res, err = runAs(legacy)
+		}
 		if err != nil {
 			cfg.Logger.Error("claim idempotency key", "tool", tool, "err", err)
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "idempotency ledger unavailable"}
@@ -137,7 +164,7 @@ func Wrap(cfg Config, next mcp.ToolHandler) mcp.ToolHandler {
 				IsError: true,
 			}, nil
 		case ledger.Replay:
-			return replay(res.Response.Body)
+			return replay(res.Response.Body, schema)
 		}
 		if panicked != nil {
 			cfg.Logger.Error("tool handler panicked; key left processing", "tool", tool, "panic", fmt.Sprint(panicked))
@@ -147,9 +174,11 @@ func Wrap(cfg Config, next mcp.ToolHandler) mcp.ToolHandler {
 	}
 }
 
-// keyOf reads the key from _meta, else from the HTTP header; never from the
-// arguments.
-func keyOf(req *mcp.CallToolRequest) (string, error) {
+// keyOf reads the key from _meta, else (when header is true) from the HTTP
+// header; never from the arguments. A tool that allows a missing key reads
+// _meta only: a client that sets the header for its whole session would
+// otherwise claim that key for every read-only call it makes.
+func keyOf(req *mcp.CallToolRequest, header bool) (string, error) {
 	var key string
 	if v, ok := req.Params.Meta[MetaKey]; ok {
 		s, isString := v.(string)
@@ -158,7 +187,7 @@ func keyOf(req *mcp.CallToolRequest) (string, error) {
 		}
 		key = s
 	}
-	if req.Extra != nil && req.Extra.Header != nil {
+	if header && req.Extra != nil && req.Extra.Header != nil {
 		if h := req.Extra.Header.Get(ledger.HeaderIdempotencyKey); h != "" {
 			if key != "" && key != h {
 				return "", fmt.Errorf("_meta.%s and the %s header differ", MetaKey, ledger.HeaderIdempotencyKey)
@@ -173,45 +202,38 @@ func keyOf(req *mcp.CallToolRequest) (string, error) {
 }
 
 // requestOf is the canonical JSON of {tool name, arguments}: the request_body
-// and, hashed, the request_hash.
-func requestOf(name string, args json.RawMessage) ([]byte, error) {
+// and, hashed, the request_hash. Absent, null and {} arguments are one
+// request, {"arguments":{},"tool":name}: clients differ in which they send
+// for a tool without arguments. For those, legacy is the form keys stored
+// before that rule have, {"arguments":null,"tool":name} (absent arguments
+// then fingerprinted as null); otherwise legacy is nil.
+func requestOf(name string, args json.RawMessage) (canon, legacy []byte, err error) {
 	a, err := ledger.Canonical(args)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	empty := string(a) == "null" || string(a) == "{}"
+	if empty {
+		a = json.RawMessage("{}")
+	}
+	canon, err = request(name, a)
+	if err != nil || !empty {
+		return canon, nil, err
+	}
+	legacy, err = request(name, json.RawMessage("null"))
+	return canon, legacy, err
+}
+
+// request is the canonical JSON of {tool name, canonical arguments}.
+func request(name string, args json.RawMessage) ([]byte, error) {
 	b, err := json.Marshal(struct {
 		Tool      string          `json:"tool"`
 		Arguments json.RawMessage `json:"arguments"`
-	}{name, a})
+	}{name, args})
 	if err != nil {
 		return nil, err
 	}
 	return ledger.Canonical(b)
-}
-
-// replay answers with a stored outcome. A body Wrap stored is a
-// CallToolResult (an object with "content"); any other body was stored by
-// the reconciler or an operator from the probe's outcome, and is replayed as
-// the result's structured content and its JSON text.
-func replay(stored json.RawMessage) (*mcp.CallToolResult, error) {
-	var shape map[string]json.RawMessage
-	var out mcp.CallToolResult
-	if json.Unmarshal(stored, &shape) == nil && shape["content"] != nil {
-		if err := json.Unmarshal(stored, &out); err != nil {
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "the stored result of this idempotency key cannot be replayed"}
-		}
-	} else {
-		body := stored
-		if len(body) == 0 {
-			body = json.RawMessage("null")
-		}
-		out = mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}}, StructuredContent: body}
-	}
-	if out.Meta == nil {
-		out.Meta = mcp.Meta{}
-	}
-	out.Meta[MetaReplay] = true
-	return &out, nil
 }
 
 func run(ctx context.Context, next mcp.ToolHandler, req *mcp.CallToolRequest) (out *mcp.CallToolResult, err error, panicked any) { //nolint:staticcheck // ST1008: the handler's own (result, error), then what it panicked with

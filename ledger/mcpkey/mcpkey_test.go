@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 
@@ -74,8 +75,16 @@ type bundle struct {
 
 var objectSchema = map[string]any{"type": "object"}
 
-// setup serves create_ticket (keyed, ledger tool name "tickets") and lookup
-// (AllowMissingKey) over streamable HTTP.
+// refundSchema is refund's output schema.
+var refundSchema = map[string]any{
+	"type":       "object",
+	"required":   []string{"refund_id"},
+	"properties": map[string]any{"refund_id": map[string]any{"type": "string"}},
+}
+
+// setup serves create_ticket (keyed, ledger tool name "tickets"), lookup
+// (AllowMissingKey) and refund (keyed, with an output schema) over
+// streamable HTTP.
 func setup(t *testing.T, s *sink) *bundle {
 	t.Helper()
 	db := ledgertest.New(t)
@@ -85,6 +94,8 @@ func setup(t *testing.T, s *sink) *bundle {
 		mcpkey.Config{DB: db.Pool, Tool: "tickets"}, s.handle)
 	mcpkey.AddTool(server, &mcp.Tool{Name: "lookup", InputSchema: objectSchema},
 		mcpkey.Config{DB: db.Pool, AllowMissingKey: true}, s.handle)
+	mcpkey.AddTool(server, &mcp.Tool{Name: "refund", InputSchema: objectSchema, OutputSchema: refundSchema},
+		mcpkey.Config{DB: db.Pool}, s.handle)
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil))
 	t.Cleanup(srv.Close)
 	if s.hold != nil {
@@ -240,6 +251,42 @@ func TestKeyFromHeader(t *testing.T) {
 	wantCode(t, err, jsonrpc.CodeInvalidParams, "_meta and header differ")
 }
 
+// A tool that allows a missing key ignores the header: a client that sets
+// it for its whole session does not claim the step's key for a read-only
+// call (which would then refuse as "other arguments", or replay one
+// lookup forever). A _meta key still protects it.
+func TestAllowMissingKeyIgnoresHeader(t *testing.T) {
+	b := setup(t, &sink{})
+	cs := b.connect(t, "k-session")
+	for i := range 2 {
+		if res, err := call(cs, "lookup", "", args); err != nil || res.Meta[mcpkey.MetaReplay] != nil {
+			t.Fatalf("lookup %d under a session-wide header: %+v, %v; want a fresh run", i, res, err)
+		}
+	}
+	if got := b.sink.of(""); got != 2 {
+		t.Fatalf("unkeyed lookups = %d, want 2", got)
+	}
+	if n := b.db.Count(t, "idempotency_keys"); n != 0 {
+		t.Fatalf("rows = %d, want 0: the header was claimed", n)
+	}
+	// The keyed tool of the same session takes the header.
+	mustCall(t, cs, "", args)
+	if got := b.sink.of("k-session"); got != 1 {
+		t.Fatalf("effects under the header key = %d, want 1", got)
+	}
+	// A per-call _meta key protects the lookup (the header, another key,
+	// is not read: no "differ" refusal).
+	if _, err := call(cs, "lookup", "k-lookup", args); err != nil {
+		t.Fatalf("lookup with its own _meta key: %v", err)
+	}
+	if res, err := call(cs, "lookup", "k-lookup", args); err != nil || res.Meta[mcpkey.MetaReplay] != true {
+		t.Fatalf("lookup with its own _meta key again: %+v, %v; want a replay", res, err)
+	}
+	if got := b.sink.of("k-lookup"); got != 1 {
+		t.Fatalf("keyed lookups = %d, want 1", got)
+	}
+}
+
 // A key in the model-controlled arguments is ignored: the call is refused
 // as keyless, nothing runs, no row is written.
 func TestKeyInArgumentsIgnored(t *testing.T) {
@@ -347,5 +394,161 @@ func TestReplayOfReconciledOutcome(t *testing.T) {
 	}
 	if got := b.sink.of("k-r"); got != 1 {
 		t.Fatalf("effects = %d, want 1", got)
+	}
+}
+
+// An operator's outcome that is not a JSON object (resolve --body
+// '"ticket T-1 created"', Slack's Store outcome) is replayed as text only:
+// MCP's structuredContent must be an object, and TypeScript clients reject
+// a result whose structuredContent is a string, an array or null.
+func TestReplayOfNonObjectOutcomeIsText(t *testing.T) {
+	b := setup(t, &sink{afterEffect: func() { panic("crash after the effect") }})
+	cs := b.connect(t, "")
+	for _, tc := range []struct{ key, body, text, why string }{
+		{"k-s", `"ticket T-1 created"`, "ticket T-1 created", "a JSON string"},
+		{"k-a", `["T-1","T-2"]`, `["T-1", "T-2"]`, "a JSON array"},
+		{"k-n", `null`, "null", "JSON null"},
+	} {
+		_, err := call(cs, "create_ticket", tc.key, args)
+		wantCode(t, err, jsonrpc.CodeInternalError, "crashing handler")
+		k := row(t, b.db, tc.key)
+		if err := ledger.Complete(context.Background(), b.db.Pool, tc.key, k.ClaimedAt, 200, json.RawMessage(tc.body)); err != nil {
+			t.Fatal(err)
+		}
+		res := mustCall(t, cs, tc.key, args)
+		text, _ := res.Content[0].(*mcp.TextContent)
+		why, _ := res.Meta[mcpkey.MetaAsText].(string)
+		if res.StructuredContent != nil || res.IsError || len(res.Content) != 1 || text == nil || text.Text != tc.text ||
+			res.Meta[mcpkey.MetaReplay] != true || !strings.Contains(why, tc.why) {
+			t.Fatalf("%s: want text %q only, %s naming %q; got %+v (content %+v)", tc.body, tc.text, mcpkey.MetaAsText, tc.why, res, res.Content)
+		}
+		if got := b.sink.of(tc.key); got != 1 {
+			t.Fatalf("%s: effects = %d, want 1", tc.key, got)
+		}
+	}
+}
+
+// A tool with an output schema: a stored outcome that matches it is the
+// structured content; one that does not (or is not an object) is an error
+// result saying the call completed, the outcome as text, the reason in
+// _meta: a TypeScript client rejects structured content that fails the
+// schema (-32602) and a result of such a tool without it (-32600), so an
+// error result is the one shape it accepts.
+func TestReplayAgainstOutputSchema(t *testing.T) {
+	b := setup(t, &sink{afterEffect: func() { panic("crash after the effect") }})
+	cs := b.connect(t, "")
+	for _, tc := range []struct {
+		key, body string
+		valid     bool
+		why       string
+	}{
+		{"k-ok", `{"refund_id":"R-1"}`, true, ""},
+		{"k-bad", `{"status":"refunded"}`, false, "does not match the tool's outputSchema"},
+		{"k-str", `"refunded"`, false, "a JSON string"},
+	} {
+		_, err := call(cs, "refund", tc.key, args)
+		wantCode(t, err, jsonrpc.CodeInternalError, "crashing handler")
+		k := row(t, b.db, tc.key)
+		if err := ledger.Complete(context.Background(), b.db.Pool, tc.key, k.ClaimedAt, 200, json.RawMessage(tc.body)); err != nil {
+			t.Fatal(err)
+		}
+		res, err := call(cs, "refund", tc.key, args)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		why, _ := res.Meta[mcpkey.MetaAsText].(string)
+		switch {
+		case res.Meta[mcpkey.MetaReplay] != true:
+			t.Fatalf("%s: no replay marker: %+v", tc.body, res)
+		case tc.valid && (res.IsError || res.StructuredContent == nil || why != ""):
+			t.Fatalf("%s: want the structured content, got %+v", tc.body, res)
+		case !tc.valid && (!res.IsError || res.StructuredContent != nil || !strings.Contains(why, tc.why)):
+			t.Fatalf("%s: want an error result without structured content, %s naming %q; got %+v", tc.body, mcpkey.MetaAsText, tc.why, res)
+		}
+		if got := b.sink.of(tc.key); got != 1 {
+			t.Fatalf("%s: effects = %d, want 1", tc.key, got)
+		}
+	}
+}
+
+// Golden request fingerprints of the MCP binding: request_hash is stored
+// with every key, and every retry must hash to it. Absent, null and {}
+// arguments are one request (clients differ in which they send for a tool
+// without arguments), hashed as {"arguments":{},"tool":…}; a call with
+// arguments hashes as it always has. These values are fixed forever: never
+// regenerate them to make this test pass.
+func TestRequestFingerprintGolden(t *testing.T) {
+	b := setup(t, &sink{})
+	cs := b.connect(t, "")
+	const (
+		emptyBody = `{"arguments":{},"tool":"create_ticket"}`
+		emptyHash = "12bc9f25234fe043b33e9b6b2d400720edcdd788636de4a6202486471a652a19"
+		argsBody  = `{"arguments":{"account_id":"A-1029","title":"SSO broken"},"tool":"create_ticket"}`
+		argsHash  = "7244e247b8cf4447236862ddcdb991c896dde7f18672d9e1686a5debc805bd8e"
+	)
+	for _, tc := range []struct {
+		key        string
+		args       any
+		body, hash string
+	}{
+		{"k-absent", nil, emptyBody, emptyHash},
+		{"k-null", json.RawMessage(`null`), emptyBody, emptyHash},
+		{"k-empty", map[string]any{}, emptyBody, emptyHash},
+		{"k-args", args, argsBody, argsHash},
+	} {
+		mustCall(t, cs, tc.key, tc.args)
+		var body, hash string
+		if err := b.db.Pool.QueryRow(context.Background(),
+			`SELECT request_body::text, request_hash FROM idempotency_keys WHERE key = $1`, tc.key).Scan(&body, &hash); err != nil {
+			t.Fatal(err)
+		}
+		// request_body is jsonb (its own key order); the hash is of the
+		// canonical form.
+		canon, err := ledger.Canonical([]byte(body))
+		if err != nil || string(canon) != tc.body || hash != tc.hash {
+			t.Errorf("%s: request_body %s (%v) hash %s, want %s %s: stored keys would stop matching their retries", tc.key, canon, err, hash, tc.body, tc.hash)
+		}
+	}
+	// Each of the three forms replays a key made with another.
+	for _, a := range []any{nil, json.RawMessage(`null`), map[string]any{}} {
+		if res := mustCall(t, cs, "k-absent", a); res.Meta[mcpkey.MetaReplay] != true {
+			t.Fatalf("arguments %v: want a replay of k-absent, got %+v", a, res)
+		}
+	}
+	if got := b.sink.of("k-absent"); got != 1 {
+		t.Fatalf("effects = %d, want 1", got)
+	}
+}
+
+// A key stored before absent arguments hashed as {} carries the hash of
+// {"arguments":null,…}: its retries, with absent, null or {} arguments,
+// still replay it, and other arguments are still refused.
+func TestKeyStoredWithNullArgumentsStillReplays(t *testing.T) {
+	b := setup(t, &sink{})
+	cs := b.connect(t, "")
+	ctx := context.Background()
+	old := json.RawMessage(`{"arguments":null,"tool":"create_ticket"}`)
+	hash, err := ledger.Fingerprint(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ledger.Claim(ctx, b.db.Pool, ledger.ClaimParams{Key: "k-old", Tool: "tickets", RequestHash: hash, RequestBody: old})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := `{"content":[{"type":"text","text":"ticket T-0"}],"structuredContent":{"ticket":0}}`
+	if err := ledger.Complete(ctx, b.db.Pool, "k-old", c.Row.ClaimedAt, 200, json.RawMessage(stored)); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []any{nil, json.RawMessage(`null`), map[string]any{}} {
+		res := mustCall(t, cs, "k-old", a)
+		if sc, _ := res.StructuredContent.(map[string]any); res.Meta[mcpkey.MetaReplay] != true || sc["ticket"] != float64(0) {
+			t.Fatalf("arguments %v: want the stored result replayed, got %+v", a, res)
+		}
+	}
+	_, err = call(cs, "create_ticket", "k-old", args)
+	wantCode(t, err, jsonrpc.CodeInvalidParams, "other arguments")
+	if got := b.sink.of("k-old"); got != 0 {
+		t.Fatalf("effects = %d, want 0", got)
 	}
 }
