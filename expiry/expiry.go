@@ -11,25 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/ledgerkeeper/ledgerkeeper/internal/fielderr"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/settings"
 	"github.com/ledgerkeeper/ledgerkeeper/store"
-)
-
-// Defaults for Config's zero values. The pacing defaults come from the
-// measurement in BENCHMARKS.md. They are the only copy: `config check`
-// prints them through internal/daemon.
-const (
-	DefaultMinAge           = 24 * time.Hour
-	DefaultBatchSize        = 1000
-	DefaultBatchPause       = 50 * time.Millisecond
-	DefaultMaxDuration      = 10 * time.Minute
-	DefaultDutyCycle        = 0.20
-	DefaultBatchTarget      = 15 * time.Millisecond
-	DefaultBatchTimeout     = 5 * time.Second
-	DefaultAuditMaxAge      = 30 * 24 * time.Hour
-	DefaultRenotifyAfter    = 4 * time.Hour
-	DefaultMaxAlertsPerPass = 100
-	DefaultActor            = "ledgerkeeper"
 )
 
 // alertPage is how many expired processing keys one alert transaction
@@ -41,103 +24,107 @@ const alertPage = 100
 // dying disk) and a human should look.
 const maxConsecutiveTimeouts = 5
 
-// Config configures a Purger. Every zero value means its default, except
-// Alerts, which is required.
+// Config configures a Purger. Each setting is declared once, here: its
+// `yaml` key in the configuration file's retention section (internal/config
+// decodes the section into this struct), its `default` (a zero value means
+// it; the pacing defaults come from the measurements in BENCHMARKS.md) and
+// its bounds (`min`, CheckSettings), applied and judged by
+// internal/settings. Fields tagged `yaml:"-"` are wiring, or settings of
+// other sections the daemon copies in. Alerts is required.
 type Config struct {
 	// Alerts raises the pass's expired_processing alerts and trims the
 	// alert tables (package alerts owns them; internal/daemon.PurgeAlerts
 	// is the implementation). Required.
-	Alerts Alerts
+	Alerts Alerts `yaml:"-"`
 	// MinAge is the retention floor: a key younger than this (by
-	// created_at) is never purged, whatever its expires_at. Default 24h.
-	MinAge time.Duration
-	// ToolMinAge overrides MinAge per tool (retention.tools.<tool>.min_age).
-	// Zero or negative entries are ignored. Default none.
-	ToolMinAge map[string]time.Duration
+	// created_at) is never purged, whatever its expires_at.
+	MinAge time.Duration `yaml:"min_age" default:"24h"`
+	// Tools overrides MinAge per tool; a zero or negative min_age is
+	// ignored.
+	Tools map[string]ToolRetention `yaml:"tools"`
 	// BatchSize is the most rows one batch deletes, and the size batches
-	// start at and grow back to. Default 1000.
-	BatchSize int
-	// BatchPause is the least pause between two batches. Default 50ms;
-	// negative means no floor (the duty cycle alone sets the pause).
-	BatchPause time.Duration
+	// start at and grow back to.
+	BatchSize int `yaml:"batch_size" default:"1000" min:"0"`
+	// BatchPause is the least pause between two batches; negative means
+	// no floor (the duty cycle alone sets the pause).
+	BatchPause time.Duration `yaml:"batch_pause" default:"50ms"`
 	// MaxDuration is one pass's time budget: no batch starts after it, and
-	// no pause that would end past it is taken. Default 10m.
-	MaxDuration time.Duration
+	// no pause that would end past it is taken.
+	MaxDuration time.Duration `yaml:"max_duration" default:"10m"`
 	// DutyCycle is the largest fraction of wall time spent inside DELETE
-	// transactions, in (0, 1]. Default 0.20 (BENCHMARKS.md: 0.10 purged
-	// too slowly); 1 means no pause beyond BatchPause.
-	DutyCycle float64
+	// transactions, in (0, 1] (BENCHMARKS.md: 0.10 purged too slowly); 1
+	// means no pause beyond BatchPause.
+	DutyCycle float64 `yaml:"duty_cycle" default:"0.20"`
 	// BatchTarget is the batch duration above which the next batch shrinks.
-	// Default 15ms.
-	BatchTarget time.Duration
+	BatchTarget time.Duration `yaml:"batch_target" default:"15ms"`
+	// AuditMaxAge is how long the daemon's own rows live (audit, sent
+	// alerts, resolved alert state, run records).
+	AuditMaxAge time.Duration `yaml:"audit_max_age" default:"720h"`
 	// BatchTimeout is the statement timeout of every statement of the pass;
 	// a batch that hits it is rolled back and the next is a quarter the
-	// size. Default 5s.
-	BatchTimeout time.Duration
-	// AuditMaxAge is how long the daemon's own rows live (audit, sent
-	// alerts, resolved alert state, run records). Default 30 days.
-	AuditMaxAge time.Duration
+	// size.
+	BatchTimeout time.Duration `yaml:"-" default:"5s"`
 	// RenotifyAfter is alerts.renotify_after: an expired processing key
-	// already alerted more recently is not alerted again. Default 4h.
-	RenotifyAfter time.Duration
+	// already alerted more recently is not alerted again.
+	RenotifyAfter time.Duration `yaml:"-" default:"4h"`
 	// MaxAlertsPerPass bounds the expired_processing alerts one pass
-	// raises; the rest wait for the next pass. Default 100.
-	MaxAlertsPerPass int
+	// raises; the rest wait for the next pass.
+	MaxAlertsPerPass int `yaml:"-" default:"100"`
 	// Actor names who runs the pass in ledgerkeeper_runs (replica id, or
-	// the operator). Default "ledgerkeeper".
-	Actor string
+	// the operator).
+	Actor string `yaml:"-" default:"ledgerkeeper"`
 	// Clock is the time source of the budget and the pacing. Default the
 	// real clock; tests substitute their own.
-	Clock Clock
+	Clock Clock `yaml:"-"`
 	// BatchShape is how a batch deletes the keys it chose (by keyset range,
 	// ctid or primary key). Not a configuration key: lkbench compares the
 	// shapes. Default store.DefaultPurgeShape (range).
-	BatchShape store.PurgeShape
+	BatchShape store.PurgeShape `yaml:"-"`
+}
+
+// ToolRetention is one tool's retention override (retention.tools.T).
+type ToolRetention struct {
+	MinAge time.Duration `yaml:"min_age"`
+}
+
+// DefaultConfig returns a Config with every default applied.
+func DefaultConfig() Config { return Config{}.withDefaults() }
+
+// ToolMinAge is the floor of each tool that overrides MinAge.
+func (c Config) ToolMinAge() map[string]time.Duration {
+	floors := map[string]time.Duration{}
+	for tool, t := range c.Tools {
+		if t.MinAge > 0 {
+			floors[tool] = t.MinAge
+		}
+	}
+	return floors
 }
 
 func (c Config) withDefaults() Config {
-	if c.MinAge <= 0 {
-		c.MinAge = DefaultMinAge
-	}
-	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
-	c.BatchPause = cmp.Or(c.BatchPause, DefaultBatchPause)
-	c.MaxDuration = cmp.Or(c.MaxDuration, DefaultMaxDuration)
-	c.DutyCycle = cmp.Or(c.DutyCycle, DefaultDutyCycle)
-	c.BatchTarget = cmp.Or(c.BatchTarget, DefaultBatchTarget)
-	c.BatchTimeout = cmp.Or(c.BatchTimeout, DefaultBatchTimeout)
-	c.AuditMaxAge = cmp.Or(c.AuditMaxAge, DefaultAuditMaxAge)
-	c.RenotifyAfter = cmp.Or(c.RenotifyAfter, DefaultRenotifyAfter)
-	c.MaxAlertsPerPass = cmp.Or(c.MaxAlertsPerPass, DefaultMaxAlertsPerPass)
-	c.Actor = cmp.Or(c.Actor, DefaultActor)
+	c.MinAge = max(c.MinAge, 0) // a negative floor is no floor: the default
+	settings.ApplyDefaults(&c)
 	c.BatchShape = cmp.Or(c.BatchShape, store.DefaultPurgeShape)
 	if c.Clock == nil {
 		c.Clock = realClock{}
 	}
-	floors := map[string]time.Duration{}
-	for tool, d := range c.ToolMinAge {
-		if d > 0 {
-			floors[tool] = d
-		}
-	}
-	c.ToolMinAge = floors
 	return c
 }
 
-// Validate refuses settings a purge cannot run with. Zero means the default,
-// so only what is left after the defaults is judged. Every refusal is a
-// *fielderr.Error naming the configuration key (retention.*); all of them
-// are returned, joined. Alerts is not judged here: it is wiring, not a
-// setting.
+// CheckSettings refuses a duty cycle outside (0, 1].
+func (c *Config) CheckSettings(r *settings.Report) {
+	if c.DutyCycle <= 0 || c.DutyCycle > 1 {
+		r.Field(&c.DutyCycle, "must be in (0, 1], got %v", c.DutyCycle)
+	}
+}
+
+// Validate refuses settings a purge cannot run with, after the defaults:
+// every refusal is a *fielderr.Error naming the setting by its yaml path
+// within the retention section; all are returned, joined. Alerts is not
+// judged here: it is wiring, not a setting.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	var errs fielderr.List
-	if c.BatchSize < 0 {
-		errs.Add("retention.batch_size", "must be positive, got %d", c.BatchSize)
-	}
-	if c.DutyCycle <= 0 || c.DutyCycle > 1 {
-		errs.Add("retention.duty_cycle", "must be in (0, 1], got %v", c.DutyCycle)
-	}
-	return errs.Err()
+	return settings.Validate(&c)
 }
 
 // mustValidate panics on values only a programming error produces:
@@ -160,7 +147,7 @@ func (c Config) mustValidate() {
 }
 
 func (c Config) policy() store.PurgePolicy {
-	return store.PurgePolicy{MinAge: c.MinAge, ToolMinAge: c.ToolMinAge}
+	return store.PurgePolicy{MinAge: c.MinAge, ToolMinAge: c.ToolMinAge()}
 }
 
 // Purger runs purge passes. The daemon calls RunOnce on its schedule
@@ -591,9 +578,9 @@ func (p *Purger) DryRun(ctx context.Context) (DryRunReport, error) {
 		AuditMaxAgeSeconds: c.AuditMaxAge.Seconds(),
 		WouldAlert:         []store.ExpiredKey{},
 	}
-	if len(c.ToolMinAge) > 0 {
+	if floors := c.ToolMinAge(); len(floors) > 0 {
 		rep.ToolMinAgeSeconds = map[string]float64{}
-		for t, d := range c.ToolMinAge {
+		for t, d := range floors {
 			rep.ToolMinAgeSeconds[t] = d.Seconds()
 		}
 	}

@@ -139,11 +139,11 @@ func TestRules(t *testing.T) {
 		{name: "expired but under the floor is kept", status: "completed", age: 12 * time.Hour, expiresIn: -time.Hour},
 		{name: "expired and just past the floor is purged", status: "completed", age: day + time.Minute, expiresIn: -time.Hour, wantGone: true},
 		{name: "tool floor longer than the default keeps it", status: "completed", tool: "charge_card", age: 3 * day, expiresIn: -day,
-			cfg: expiry.Config{ToolMinAge: map[string]time.Duration{"charge_card": 7 * day}}},
+			cfg: expiry.Config{Tools: map[string]expiry.ToolRetention{"charge_card": {MinAge: 7 * day}}}},
 		{name: "tool floor shorter than the default purges it", status: "completed", tool: "charge_card", age: 3 * time.Hour, expiresIn: -time.Hour,
-			cfg: expiry.Config{ToolMinAge: map[string]time.Duration{"charge_card": 2 * time.Hour}}, wantGone: true},
+			cfg: expiry.Config{Tools: map[string]expiry.ToolRetention{"charge_card": {MinAge: 2 * time.Hour}}}, wantGone: true},
 		{name: "another tool's floor does not apply", status: "completed", tool: "create_ticket", age: 3 * day, expiresIn: -day,
-			cfg: expiry.Config{ToolMinAge: map[string]time.Duration{"charge_card": 7 * day}}, wantGone: true},
+			cfg: expiry.Config{Tools: map[string]expiry.ToolRetention{"charge_card": {MinAge: 7 * day}}}, wantGone: true},
 		{name: "held expired completed is kept", status: "completed", age: 3 * day, expiresIn: -day, held: true},
 	}
 	for _, tc := range cases {

@@ -83,7 +83,7 @@ func (t *toolRun) keepCheckFresh(ctx context.Context) error {
 	}
 	rec, err := store.GetSelfCheck(ctx, p.e.pool, t.tool)
 	switch {
-	case err == nil && rec.Fingerprint == t.policy.ProbeFingerprint && rec.Now.Sub(rec.CheckedAt) < p.e.cfg.SelfCheckInterval:
+	case err == nil && rec.Fingerprint == t.policy.ProbeFingerprint && rec.Now.Sub(rec.CheckedAt) < p.e.cfg.SelfCheck.Interval:
 		return nil
 	case err != nil && !errors.Is(err, ledger.ErrNotFound):
 		return err

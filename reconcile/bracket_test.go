@@ -445,7 +445,7 @@ func TestDeadDownstreamOpensTheBreakerWithinItsThreshold(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}))
 	e := s.engine(reconcile.Policy{Probe: p, ProbeFingerprint: "v1"},
-		reconcile.Config{BreakerFailures: 5, BreakerCooldown: 200 * time.Millisecond, BreakerMaxCooldown: 200 * time.Millisecond})
+		reconcile.Config{Breaker: reconcile.BreakerConfig{Failures: 5, Cooldown: 200 * time.Millisecond, MaxCooldown: 200 * time.Millisecond}})
 	passes := 0
 	for s.db.Count(t, `tool_breakers WHERE opens > 0`) == 0 {
 		if passes++; passes > 6 {
@@ -505,7 +505,7 @@ func TestBreakerOpeningIsReportedOncePerOpening(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}))
 	e := s.engine(reconcile.Policy{Probe: p, SelfCheckDisabled: true, Concurrency: 16},
-		reconcile.Config{BreakerFailures: 5, Concurrency: 16})
+		reconcile.Config{Breaker: reconcile.BreakerConfig{Failures: 5}, Concurrency: 16})
 	rep := run(t, e, reconcile.Options{})
 	if n := s.db.Count(t, `tool_breakers WHERE opens = 1`); n != 1 {
 		t.Fatal("the breaker did not open")
@@ -607,7 +607,7 @@ func TestToolWithNothingDueIsCheckedOncePerInterval(t *testing.T) {
 	completeThrough(t, s.db, s.api, "wf-1:step-1", "T-1")
 	s.db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, expires_at) VALUES ('in-flight', 'create_ticket', 'h', now() + interval '1 day')`)
 	pol := reconcile.Policy{Probe: s.api.probeAt(t, goodProbePath), ProbeFingerprint: "v1"}
-	e := s.engine(pol, reconcile.Config{SelfCheckInterval: time.Hour})
+	e := s.engine(pol, reconcile.Config{SelfCheck: reconcile.SelfCheckConfig{Interval: time.Hour}})
 	run(t, e, reconcile.Options{})
 	if n := s.db.Count(t, `probe_self_checks WHERE outcome = 'trusted'`); n != 1 {
 		t.Fatal("a tool with nothing due and no stored check was not checked")
@@ -620,7 +620,7 @@ func TestToolWithNothingDueIsCheckedOncePerInterval(t *testing.T) {
 	untouched(t, s.db, "in-flight")
 
 	s.api.set(func(a *ingressAPI) { a.route = routeHTML404 })
-	run(t, s.engine(pol, reconcile.Config{SelfCheckInterval: time.Nanosecond}), reconcile.Options{})
+	run(t, s.engine(pol, reconcile.Config{SelfCheck: reconcile.SelfCheckConfig{Interval: time.Nanosecond}}), reconcile.Options{})
 	if n := alertsOf(t, s.db, alerts.ReasonProbeUntrusted, "firing"); n != 1 {
 		t.Fatal("a broken probe of a tool with nothing due was not reported once its check was older than the interval")
 	}

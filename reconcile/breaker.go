@@ -141,10 +141,10 @@ func (e *Engine) countVerdicts(ctx context.Context, tx pgx.Tx, vc verdictCount) 
 		return ch, nil
 	}
 	// Not open (returned above): opens > 0 is half-open, the trial failed.
-	if !(breakerCount{consecutive: b.Consecutive, halfOpen: b.HalfOpen()}).opens(cfg.BreakerFailures) {
+	if !(breakerCount{consecutive: b.Consecutive, halfOpen: b.HalfOpen()}).opens(cfg.Breaker.Failures) {
 		return ch, nil
 	}
-	if ch.until, ch.opens, err = store.OpenBreaker(ctx, tx, vc.tool, cfg.BreakerCooldown, cfg.BreakerMaxCooldown); err != nil {
+	if ch.until, ch.opens, err = store.OpenBreaker(ctx, tx, vc.tool, cfg.Breaker.Cooldown, cfg.Breaker.MaxCooldown); err != nil {
 		return ch, err
 	}
 	ch.opened, ch.open = true, true

@@ -90,7 +90,7 @@ func newDeadToolScenario(t *testing.T) *deadToolScenario {
 	s.ds.status = http.StatusServiceUnavailable
 	stuck(t, s.db, deadTool, time.Minute, "k1", "k2", "k3")
 	s.cfg = reconcile.Config{
-		BreakerFailures: 5, BreakerCooldown: time.Hour, BreakerMaxCooldown: 10 * time.Hour, AlertAfterAttempts: 2,
+		Breaker: reconcile.BreakerConfig{Failures: 5, Cooldown: time.Hour, MaxCooldown: 10 * time.Hour}, AlertAfterAttempts: 2,
 		Tools: map[string]reconcile.Policy{deadTool: {ProcessingWindow: time.Second, Concurrency: 1, Probe: s.ds.probe(t)}},
 	}
 	s.e = engine(t, s.db.Pool, s.cfg)
@@ -130,7 +130,7 @@ func (s *deadToolScenario) sixPasses(t *testing.T) {
 		if b.opens != 1 {
 			t.Fatalf("pass %d: opens = %d, want 1", i+1, b.opens)
 		}
-		wantCooldown(t, b, s.cfg.BreakerCooldown)
+		wantCooldown(t, b, s.cfg.Breaker.Cooldown)
 		if n := outboxCount(t, db, "downstream_unreachable"); n != 1 {
 			t.Fatalf("pass %d: downstream_unreachable alerts = %d, want 1", i+1, n)
 		}
@@ -339,8 +339,8 @@ func TestBreakerCooldownDoublesUpToMax(t *testing.T) {
 	ds.status = http.StatusServiceUnavailable
 	stuck(t, db, deadTool, time.Minute, "a", "b", "c", "d", "e", "f", "g")
 	e := engine(t, db.Pool, reconcile.Config{
-		BreakerFailures: 2, BreakerCooldown: time.Hour, BreakerMaxCooldown: 3 * time.Hour,
-		Tools: map[string]reconcile.Policy{deadTool: {ProcessingWindow: time.Second, Concurrency: 1, Probe: ds.probe(t)}},
+		Breaker: reconcile.BreakerConfig{Failures: 2, Cooldown: time.Hour, MaxCooldown: 3 * time.Hour},
+		Tools:   map[string]reconcile.Policy{deadTool: {ProcessingWindow: time.Second, Concurrency: 1, Probe: ds.probe(t)}},
 	})
 	run(t, e, reconcile.Options{})
 	b := readBreaker(t, db, deadTool)
@@ -389,7 +389,7 @@ func TestHalfOpenOneUnknownReopens(t *testing.T) {
 	ds.status = http.StatusServiceUnavailable
 	stuck(t, db, deadTool, time.Minute, "a", "b", "c", "d", "e", "f")
 	cfg := func(failures int) reconcile.Config {
-		return reconcile.Config{BreakerFailures: failures, BreakerCooldown: time.Hour, BreakerMaxCooldown: 10 * time.Hour,
+		return reconcile.Config{Breaker: reconcile.BreakerConfig{Failures: failures, Cooldown: time.Hour, MaxCooldown: 10 * time.Hour},
 			Tools: map[string]reconcile.Policy{deadTool: {ProcessingWindow: time.Second, Concurrency: 1, Probe: ds.probe(t)}}}
 	}
 	run(t, engine(t, db.Pool, cfg(2)), reconcile.Options{})
@@ -423,7 +423,7 @@ func TestHalfOpenTrialStopsThePassBeforeItsWrite(t *testing.T) {
 	ds.status = http.StatusServiceUnavailable
 	stuck(t, db, deadTool, time.Minute, "a", "b", "c", "d", "e", "f")
 	cfg := func(failures int) reconcile.Config {
-		return reconcile.Config{BreakerFailures: failures, BreakerCooldown: time.Hour, BreakerMaxCooldown: 10 * time.Hour,
+		return reconcile.Config{Breaker: reconcile.BreakerConfig{Failures: failures, Cooldown: time.Hour, MaxCooldown: 10 * time.Hour},
 			Tools: map[string]reconcile.Policy{deadTool: {ProcessingWindow: time.Second, Concurrency: 1, Probe: ds.probe(t)}}}
 	}
 	run(t, engine(t, db.Pool, cfg(2)), reconcile.Options{})

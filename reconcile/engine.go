@@ -13,33 +13,13 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/settings"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
-// Defaults for Config's zero values.
-const (
-	DefaultGrace              = 10 * time.Second
-	DefaultBatchSize          = 100
-	DefaultConcurrency        = 16
-	DefaultLease              = 2 * time.Minute
-	DefaultAlertAfterAttempts = 3
-	DefaultAlertAfterAge      = time.Hour
-	DefaultBackoffBase        = 30 * time.Second
-	DefaultBackoffMax         = 30 * time.Minute
-	DefaultBreakerFailures    = 5
-	DefaultBreakerCooldown    = time.Minute
-	DefaultBreakerMaxCooldown = 30 * time.Minute
-	DefaultRenotifyAfter      = 4 * time.Hour
-	DefaultProcessingWindow   = 30 * time.Second
-	DefaultMaxDuration        = 10 * time.Minute
-	DefaultReportKeys         = 1000
-	DefaultSelfCheckInterval  = 10 * time.Minute
-	DefaultSelfCheckSamples   = 3
-	DefaultSelfCheckMaxAge    = 6 * time.Hour
-	// writeTimeout bounds one decision's transaction.
-	writeTimeout = 10 * time.Second
-)
+// writeTimeout bounds one decision's transaction.
+const writeTimeout = 10 * time.Second
 
 // Policy is one tool's reconcile policy.
 type Policy struct {
@@ -93,83 +73,125 @@ type Canary struct {
 	Request json.RawMessage
 }
 
-// Config configures an Engine. Zero values take the defaults above.
+// Config configures an Engine. Each setting is declared once, here: its
+// `yaml` key in the configuration file's reconcile section (internal/config
+// decodes the section into this struct), its `default` (a zero value means
+// it) and its bounds (`min`, `max`, and CheckSettings across fields),
+// applied and judged by internal/settings. Fields tagged `yaml:"-"` are
+// wiring, or settings of other sections the daemon copies in.
 type Config struct {
 	// Actor names this replica in audit rows and lease owners (e.g.
 	// hostname:pid, or "operator:alice" for a manual run). Required.
-	Actor string
+	Actor string `yaml:"-"`
 	// Tools maps tool names to policies; a tool absent from it gets
 	// Default.
-	Tools map[string]Policy
+	Tools map[string]Policy `yaml:"-"`
 	// Default is the policy of tools absent from Tools (its Probe is
-	// ignored: such keys have no probe).
-	Default Policy
-	// Grace is added to each processing window. Default 10s.
-	Grace time.Duration
-	// BatchSize is the number of keys leased per query. Default 100.
-	BatchSize int
-	// Concurrency bounds probes in flight across all tools. Default 16.
-	Concurrency int
-	// Lease is how long a key is reserved for one probe. Default 2m. It
-	// must exceed the slowest probe's timeout.
-	Lease time.Duration
+	// ignored: such keys have no probe). Its ProcessingWindow defaults to
+	// DefaultProcessingWindow.
+	Default Policy `yaml:"-"`
+	// Grace is added to each processing window.
+	Grace time.Duration `yaml:"grace" default:"10s"`
+	// BatchSize is the number of keys leased per query.
+	BatchSize int `yaml:"batch_size" default:"100" min:"0" max:"10000"`
+	// Concurrency bounds probes in flight across all tools.
+	Concurrency int `yaml:"concurrency" default:"16" min:"0"`
+	// Lease is how long a key is reserved for one probe. It must exceed
+	// the slowest probe's timeout.
+	Lease time.Duration `yaml:"lease" default:"2m"`
 	// AlertAfterAttempts and AlertAfterAge raise probe_failing / no_probe
-	// alerts. Defaults 3 and 1h.
-	AlertAfterAttempts int
-	AlertAfterAge      time.Duration
-	// ConfirmNotFoundAfter > 0 requires a second not_found that much later.
-	ConfirmNotFoundAfter time.Duration
+	// alerts: once a key's inconclusive attempts reach the one, or an
+	// unresolved key is as old as the other.
+	AlertAfterAttempts int           `yaml:"alert_after_attempts" default:"3" min:"0"`
+	AlertAfterAge      time.Duration `yaml:"alert_after_age" default:"1h"`
+	// ConfirmNotFoundAfter > 0 requires a second not_found that much later
+	// before a key is marked failed_retryable. 0: one not_found suffices.
+	ConfirmNotFoundAfter time.Duration `yaml:"confirm_not_found_after"`
 	// BackoffBase and BackoffMax shape the next probe time after an
 	// inconclusive attempt: base * 2^(attempts-1), capped, ±10% jitter.
-	BackoffBase time.Duration
-	BackoffMax  time.Duration
-	// BreakerFailures, BreakerCooldown, BreakerMaxCooldown: see the package
+	BackoffBase time.Duration `yaml:"backoff_base" default:"30s"`
+	BackoffMax  time.Duration `yaml:"backoff_max" default:"30m"`
+	// Breaker is each tool's circuit breaker: see the package
 	// documentation.
-	BreakerFailures    int
-	BreakerCooldown    time.Duration
-	BreakerMaxCooldown time.Duration
-	// RenotifyAfter: see alerts.Raise. Default 4h.
-	RenotifyAfter time.Duration
+	Breaker BreakerConfig `yaml:"breaker"`
 	// MaxDuration bounds a pass: past it no more keys are leased (those
 	// in flight are finished and written); the rest wait for the next
-	// pass. Default 10m.
-	MaxDuration time.Duration
+	// pass.
+	MaxDuration time.Duration `yaml:"max_duration" default:"10m"`
+	// RenotifyAfter: see alerts.Raise (the file's alerts.renotify_after).
+	RenotifyAfter time.Duration `yaml:"-" default:"4h"`
 	// ReportKeys bounds the key lines a pass report keeps (counts are
-	// always complete). Default 1000; negative keeps none.
-	ReportKeys int
-	// SelfCheckInterval is how long a passing self-check vouches for a
-	// tool's probe (shared across replicas). Default 10m. A failing one is
-	// repeated every pass.
-	SelfCheckInterval time.Duration
-	// SelfCheckSamples is how many keys completed by their tool server are
-	// probed per self-check. Default 3.
-	SelfCheckSamples int
-	// SelfCheckMaxAge bounds the age of those keys. Default 6h.
-	SelfCheckMaxAge time.Duration
+	// always complete); negative keeps none.
+	ReportKeys int `yaml:"-" default:"1000"`
+	// SelfCheck tunes the probes' self-check (the file's self_check
+	// section).
+	SelfCheck SelfCheckConfig `yaml:"-"`
 	// Redactor removes registered secrets from probe errors and evidence
 	// before they reach the audit trail, logs and alerts. Nil redacts
 	// nothing.
-	Redactor *secret.Redactor
+	Redactor *secret.Redactor `yaml:"-"`
+}
+
+// BreakerConfig opens a tool's circuit after Failures consecutive unknown
+// verdicts (counted across passes and replicas); probing that tool pauses
+// for Cooldown, doubling per re-open up to MaxCooldown.
+type BreakerConfig struct {
+	Failures    int           `yaml:"failures" default:"5" min:"0"`
+	Cooldown    time.Duration `yaml:"cooldown" default:"1m"`
+	MaxCooldown time.Duration `yaml:"max_cooldown" default:"30m"`
+}
+
+// CheckSettings refuses a ceiling below its floor.
+func (b *BreakerConfig) CheckSettings(r *settings.Report) {
+	if b.MaxCooldown < b.Cooldown {
+		r.Field(&b.MaxCooldown, "must not be shorter than %s (%s)", settings.Ref(&b.Cooldown), b.Cooldown)
+	}
+}
+
+// SelfCheckConfig is the file's self_check section: before a tool's
+// verdicts change any key, its probe must find keys its tool server
+// completed and must not find a key never issued.
+type SelfCheckConfig struct {
+	// Interval is how often a tool with keys in flight and none due is
+	// checked (a broken probe is reported before its keys come due);
+	// `status` marks an older check stale. A failing check is repeated
+	// every pass.
+	Interval time.Duration `yaml:"interval" default:"10m"`
+	// Samples is how many keys completed by their tool server are probed
+	// per check: a few tell a broken probe from a good one.
+	Samples int `yaml:"samples" default:"3" min:"0" max:"20"`
+	// MaxAge bounds the age of those keys.
+	MaxAge time.Duration `yaml:"max_age" default:"6h"`
+}
+
+// DefaultProcessingWindow is the processing window of a tool that sets
+// none (the file's defaults.processing_window).
+const DefaultProcessingWindow = 30 * time.Second
+
+// DefaultConfig returns a Config with every default applied (no tools).
+func DefaultConfig() Config {
+	var c Config
+	c.applyDefaults()
+	return c
+}
+
+// CheckSettings refuses a back-off ceiling below its base.
+func (c *Config) CheckSettings(r *settings.Report) {
+	if c.BackoffMax < c.BackoffBase {
+		r.Field(&c.BackoffMax, "must not be shorter than %s (%s)", settings.Ref(&c.BackoffBase), c.BackoffBase)
+	}
+}
+
+// Validate refuses settings the engine cannot run with, after the
+// defaults: every refusal is a *fielderr.Error naming the setting by its
+// yaml path within the reconcile section; all are returned, joined.
+func (c Config) Validate() error {
+	c.applyDefaults() // c is a copy; applyDefaults builds its own Tools map
+	return settings.Validate(&c)
 }
 
 func (c *Config) applyDefaults() {
-	c.Grace = cmp.Or(c.Grace, DefaultGrace)
-	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
-	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
-	c.Lease = cmp.Or(c.Lease, DefaultLease)
-	c.AlertAfterAttempts = cmp.Or(c.AlertAfterAttempts, DefaultAlertAfterAttempts)
-	c.AlertAfterAge = cmp.Or(c.AlertAfterAge, DefaultAlertAfterAge)
-	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
-	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
-	c.BreakerFailures = cmp.Or(c.BreakerFailures, DefaultBreakerFailures)
-	c.BreakerCooldown = cmp.Or(c.BreakerCooldown, DefaultBreakerCooldown)
-	c.BreakerMaxCooldown = cmp.Or(c.BreakerMaxCooldown, DefaultBreakerMaxCooldown)
-	c.RenotifyAfter = cmp.Or(c.RenotifyAfter, DefaultRenotifyAfter)
-	c.MaxDuration = cmp.Or(c.MaxDuration, DefaultMaxDuration)
-	c.ReportKeys = cmp.Or(c.ReportKeys, DefaultReportKeys)
-	c.SelfCheckInterval = cmp.Or(c.SelfCheckInterval, DefaultSelfCheckInterval)
-	c.SelfCheckSamples = cmp.Or(c.SelfCheckSamples, DefaultSelfCheckSamples)
-	c.SelfCheckMaxAge = cmp.Or(c.SelfCheckMaxAge, DefaultSelfCheckMaxAge)
+	settings.ApplyDefaults(c)
 	c.Default.ProcessingWindow = cmp.Or(c.Default.ProcessingWindow, DefaultProcessingWindow)
 	c.Default.Probe = nil
 	fill := func(p Policy) Policy {

@@ -246,7 +246,7 @@ func TestUnknownBacksOffAndAlertsAfterAttempts(t *testing.T) {
 	stuck(t, db, "create_ticket", time.Minute, "k")
 	e := engine(t, db.Pool, reconcile.Config{
 		Tools:              map[string]reconcile.Policy{"create_ticket": {ProcessingWindow: time.Second, Probe: ds.probe(t)}},
-		AlertAfterAttempts: 3, BreakerFailures: 100, BackoffBase: time.Minute,
+		AlertAfterAttempts: 3, Breaker: reconcile.BreakerConfig{Failures: 100}, BackoffBase: time.Minute,
 	})
 	for attempt := 1; attempt <= 3; attempt++ {
 		rep := run(t, e, reconcile.Options{})
@@ -526,7 +526,7 @@ func TestCircuitBreaker(t *testing.T) {
 	stuck(t, db, "create_ticket", time.Minute, "fine")
 	alive.addTicket("fine", "T-1")
 	e := engine(t, db.Pool, reconcile.Config{
-		Concurrency: 1, BreakerFailures: 5, BreakerCooldown: time.Hour, AlertAfterAttempts: 1,
+		Concurrency: 1, Breaker: reconcile.BreakerConfig{Failures: 5, Cooldown: time.Hour}, AlertAfterAttempts: 1,
 		Tools: map[string]reconcile.Policy{
 			"charge_card":   {ProcessingWindow: time.Second, Probe: dead.probe(t)},
 			"create_ticket": {ProcessingWindow: time.Second, Probe: alive.probe(t)},

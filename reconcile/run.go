@@ -452,7 +452,7 @@ func (t *toolRun) isOpen() bool {
 func (t *toolRun) recordVerdict(conclusive bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c, opens := breakerCount{consecutive: t.consecutive, halfOpen: t.halfOpen}.after(conclusive, t.p.e.cfg.BreakerFailures)
+	c, opens := breakerCount{consecutive: t.consecutive, halfOpen: t.halfOpen}.after(conclusive, t.p.e.cfg.Breaker.Failures)
 	t.consecutive, t.halfOpen = c.consecutive, c.halfOpen
 	if opens {
 		t.open = true

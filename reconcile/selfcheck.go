@@ -157,8 +157,8 @@ const newestSampleTimeout = 5 * time.Second
 // canaries (the configuration's, then the operators'); then the tool's
 // newest key completed by its tool server at any age still in the ledger.
 func (e *Engine) drawSamples(ctx context.Context, tool string, pol Policy) ([]sample, error) {
-	n := e.cfg.SelfCheckSamples
-	recent, err := store.SelfCheckSamples(ctx, e.pool, tool, e.cfg.SelfCheckMaxAge, n)
+	n := e.cfg.SelfCheck.Samples
+	recent, err := store.SelfCheckSamples(ctx, e.pool, tool, e.cfg.SelfCheck.MaxAge, n)
 	if err != nil {
 		return nil, err
 	}

@@ -154,7 +154,7 @@ func runDemo(ctx context.Context, a *app) error {
 		return err
 	}
 
-	win := cfg.Policy(exampletool.Tool).ProcessingWindow + cfg.Reconcile.Grace.D()
+	win := cfg.Policy(exampletool.Tool).ProcessingWindow + cfg.Reconcile.Grace
 	d.say("\n-- waiting %s: the crashed calls' processing window + grace must pass before the reconciler may touch them --", win)
 	select {
 	case <-time.After(win + 200*time.Millisecond):

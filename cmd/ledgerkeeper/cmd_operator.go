@@ -80,7 +80,7 @@ func newInspectCmd(a *app) *cobra.Command {
 // windows returns a tool's window + grace and heartbeat timeout.
 func (a *app) windows(tool string) (time.Duration, time.Duration) {
 	p := a.cfg.Policy(tool)
-	return p.ProcessingWindow + a.cfg.Reconcile.Grace.D(), p.HeartbeatTimeout
+	return p.ProcessingWindow + a.cfg.Reconcile.Grace, p.HeartbeatTimeout
 }
 
 func printInspection(a *app, in operator.Inspection) {
@@ -147,7 +147,7 @@ func (a *app) windowText(tool string, total time.Duration) string {
 	if a.cfg == nil {
 		return fmt.Sprintf("window + grace of %s", total)
 	}
-	return fmt.Sprintf("window + grace of %s: processing window %s + grace %s", total, a.cfg.Policy(tool).ProcessingWindow, a.cfg.Reconcile.Grace.D())
+	return fmt.Sprintf("window + grace of %s: processing window %s + grace %s", total, a.cfg.Policy(tool).ProcessingWindow, a.cfg.Reconcile.Grace)
 }
 
 // printHistory prints an audit trail, each entry's error first and in

@@ -208,12 +208,13 @@ func printDryRun(w io.Writer, rep expiry.DryRunReport, cfg expiry.Config) {
 }
 
 func toolFloors(cfg expiry.Config) string {
-	if len(cfg.ToolMinAge) == 0 {
+	floors := cfg.ToolMinAge()
+	if len(floors) == 0 {
 		return ""
 	}
 	var parts []string
-	for _, tool := range slices.Sorted(maps.Keys(cfg.ToolMinAge)) {
-		parts = append(parts, fmt.Sprintf("%s: %s", tool, purgeDuration(cfg.ToolMinAge[tool])))
+	for _, tool := range slices.Sorted(maps.Keys(floors)) {
+		parts = append(parts, fmt.Sprintf("%s: %s", tool, purgeDuration(floors[tool])))
 	}
 	return " (" + strings.Join(parts, ", ") + ")"
 }

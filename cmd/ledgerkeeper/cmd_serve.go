@@ -128,7 +128,7 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				},
 				Jobs: []daemon.Job{
 					daemon.ReconcileJob(a.cfg.Schedule.Reconcile, eng, logger),
-					{Name: "purge", Spec: a.cfg.Schedule.Purge, Timeout: a.cfg.Retention.MaxDuration.D() + a.cfg.Retention.MaxDuration.D()/2, Run: func(ctx context.Context) error {
+					{Name: "purge", Spec: a.cfg.Schedule.Purge, Timeout: a.cfg.Retention.MaxDuration + a.cfg.Retention.MaxDuration/2, Run: func(ctx context.Context) error {
 						_, err := purger.RunOnce(ctx)
 						return err
 					}},

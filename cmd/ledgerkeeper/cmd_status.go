@@ -346,7 +346,7 @@ func (a *app) probeChecks(ctx context.Context, db ledger.DBTX) ([]probeCheckStat
 	for _, c := range checks {
 		pc := probeCheckStatus{Tool: c.Tool, Outcome: c.Outcome, CheckedAt: c.CheckedAt, Actor: c.Actor, Summary: c.Summary,
 			Blocking: !c.Trusted(), PresentUnverified: c.PresentUnverified, Disagreements: c.Disagreements,
-			Stale: time.Since(c.CheckedAt) > a.cfg.SelfCheck.Interval.D()}
+			Stale: time.Since(c.CheckedAt) > a.cfg.SelfCheck.Interval}
 		for _, s := range append([]reconcile.SampleCheck{c.Absent}, c.Samples...) {
 			switch {
 			case s.Passed:

@@ -483,7 +483,7 @@ func (b *bigBench) measure(ctx context.Context, res *bigSize) error {
 			return store.ReleaseLeases(ctx, b.db, keys, owner)
 		}},
 		{"purge batch (1000 rows)", b.reps, func(i int) error {
-			r, err := store.PurgeExpiredBatch(ctx, b.db, store.PurgePolicy{MinAge: expiry.DefaultMinAge}, store.PurgeCursor{}, expiry.DefaultBatchSize)
+			r, err := store.PurgeExpiredBatch(ctx, b.db, store.PurgePolicy{MinAge: expiry.DefaultConfig().MinAge}, store.PurgeCursor{}, expiry.DefaultConfig().BatchSize)
 			if err == nil && r.Keys == 0 && i == 0 {
 				err = errors.New("nothing purged: no expired keys left")
 			}

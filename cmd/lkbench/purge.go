@@ -106,11 +106,11 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	logf := logger(stderr)
 	lkCfg := expiry.Config{
 		Alerts:      daemon.PurgeAlerts{},
-		MinAge:      expiry.DefaultMinAge,
-		BatchSize:   cmpOr(*batchSize, expiry.DefaultBatchSize),
-		BatchPause:  cmpOr(*pause, expiry.DefaultBatchPause),
-		DutyCycle:   cmpOr(*duty, expiry.DefaultDutyCycle),
-		BatchTarget: cmpOr(*target, expiry.DefaultBatchTarget),
+		MinAge:      expiry.DefaultConfig().MinAge,
+		BatchSize:   cmpOr(*batchSize, expiry.DefaultConfig().BatchSize),
+		BatchPause:  cmpOr(*pause, expiry.DefaultConfig().BatchPause),
+		DutyCycle:   cmpOr(*duty, expiry.DefaultConfig().DutyCycle),
+		BatchTarget: cmpOr(*target, expiry.DefaultConfig().BatchTarget),
 		MaxDuration: time.Hour, // the benchmark measures a whole purge
 		Actor:       "lkbench",
 	}

@@ -537,9 +537,10 @@ func stuckKeys(ctx context.Context, db *pgxpool.Pool, n int) error {
 // Witnesses: keys completed by their tool server whose tickets exist
 // downstream (their names end in an even digit), as many as the engine's
 // default self-check samples, so that every check probes each of them.
+var witnessKeys = int64(reconcile.DefaultConfig().SelfCheck.Samples)
+
 const (
 	witnessPrefix = "lkbench-witness-"
-	witnessKeys   = reconcile.DefaultSelfCheckSamples
 	// ticketCreatedAt is every downstream ticket's created_at, stored
 	// alike in the witnesses' response_body.
 	ticketCreatedAt = "2026-11-30T04:00:00Z"

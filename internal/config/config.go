@@ -1,24 +1,29 @@
 // Package config decodes and locates ledgerkeeper's YAML configuration.
 //
-// Decoding is strict: an unknown key, a value of the wrong type, a bad
-// duration or cron spec is an error that names the file, the line and the
-// key path. `${VAR}` in a scalar expands from the environment (`$$` is a
-// literal `$`); secrets may come from `*_file` twins instead. Secret values
-// are of type Secret, which never prints its contents. Every value a ${VAR}
-// expanded to in a text setting, every value read from a `*_file` twin and
-// every Secret setting is registered in the configuration's Redactor, which
-// every output goes through.
+// Decoding is strict: an unknown key (with a did-you-mean), a value of the
+// wrong type, a bad duration is an error that names the file, the line
+// and the key path, and ParseAll reports every one in one run. `${VAR}` in
+// a scalar expands from the environment (`$$` is a literal `$`); secrets
+// may come from `*_file` twins instead. Secret values are of type Secret,
+// which never prints its contents. Every value a ${VAR} expanded to in a
+// text setting, every value read from a `*_file` twin and every Secret
+// setting is registered in the configuration's Redactor, which every
+// output goes through.
 //
-// It does not know the services: a zero setting means the service's
-// default, and each service validates its own settings. internal/daemon
-// fills the defaults from the services, runs their validation and maps
-// their errors back to `file:line: key` with ErrorAt (daemon.Settle).
+// Config is the file's layout. The sections a service reads whole are the
+// service's own types (reconcile: reconcile.Config, self_check:
+// reconcile.SelfCheckConfig, retention: expiry.Config), declaring each
+// setting once with its default and bounds (internal/settings); the other
+// sections are declared here the same way. internal/daemon.Settle applies
+// the defaults and the checks and maps their refusals back to
+// `file:line: key` with ErrorAt.
 package config
 
 import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/url"
 	"sort"
 	"strings"
 	"time"
@@ -26,21 +31,24 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/settings"
+	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 )
 
 // Config is the whole configuration file.
 type Config struct {
-	Database  Database        `yaml:"database" json:"database"`
-	Schedule  Schedule        `yaml:"schedule" json:"schedule"`
-	Reconcile Reconcile       `yaml:"reconcile" json:"reconcile"`
-	Defaults  ToolDefaults    `yaml:"defaults" json:"defaults"`
-	Tools     map[string]Tool `yaml:"tools" json:"tools"`
-	SelfCheck SelfCheck       `yaml:"self_check" json:"self_check"`
-	Retention Retention       `yaml:"retention" json:"retention"`
-	Alerts    Alerts          `yaml:"alerts" json:"alerts"`
-	HTTP      HTTP            `yaml:"http" json:"http"`
-	Log       Log             `yaml:"log" json:"log"`
+	Database  Database                  `yaml:"database" json:"database"`
+	Schedule  Schedule                  `yaml:"schedule" json:"schedule"`
+	Reconcile reconcile.Config          `yaml:"reconcile" json:"reconcile"`
+	Defaults  ToolDefaults              `yaml:"defaults" json:"defaults"`
+	Tools     map[string]Tool           `yaml:"tools" json:"tools"`
+	SelfCheck reconcile.SelfCheckConfig `yaml:"self_check" json:"self_check"`
+	Retention expiry.Config             `yaml:"retention" json:"retention"`
+	Alerts    Alerts                    `yaml:"alerts" json:"alerts"`
+	HTTP      HTTP                      `yaml:"http" json:"http"`
+	Log       Log                       `yaml:"log" json:"log"`
 
 	// File is where the configuration came from ("" for built-in defaults).
 	File string `yaml:"-" json:"file,omitempty"`
@@ -58,65 +66,14 @@ type Database struct {
 	URL     Secret `yaml:"url" json:"url"`
 	URLFile string `yaml:"url_file" json:"url_file,omitempty"`
 	// MaxConns bounds the pool. Default: reconcile.concurrency + 4.
-	MaxConns int `yaml:"max_conns" json:"max_conns"`
+	MaxConns int `yaml:"max_conns" json:"max_conns" min:"0"`
 }
 
 // Schedule holds robfig/cron specs for `serve`.
 type Schedule struct {
-	Reconcile string `yaml:"reconcile" json:"reconcile"`
-	Purge     string `yaml:"purge" json:"purge"`
-	Alerts    string `yaml:"alerts" json:"alerts"`
-}
-
-// Reconcile tunes the engine.
-type Reconcile struct {
-	// Grace is added to a tool's processing window before a key is due.
-	Grace Duration `yaml:"grace" json:"grace"`
-	// BatchSize is the number of keys leased per query.
-	BatchSize int `yaml:"batch_size" json:"batch_size"`
-	// Concurrency bounds probes in flight across all tools.
-	Concurrency int `yaml:"concurrency" json:"concurrency"`
-	// Lease is how long a leased key is reserved for one probe attempt.
-	Lease Duration `yaml:"lease" json:"lease"`
-	// AlertAfterAttempts raises an alert once a key's inconclusive attempts
-	// reach it.
-	AlertAfterAttempts int `yaml:"alert_after_attempts" json:"alert_after_attempts"`
-	// AlertAfterAge raises an alert once an unresolved key is this old.
-	AlertAfterAge Duration `yaml:"alert_after_age" json:"alert_after_age"`
-	// ConfirmNotFoundAfter, when > 0, requires a second not_found at least
-	// this much later before a key is marked failed_retryable.
-	ConfirmNotFoundAfter Duration `yaml:"confirm_not_found_after" json:"confirm_not_found_after"`
-	// BackoffBase and BackoffMax shape the exponential back-off of the next
-	// probe after an inconclusive attempt.
-	BackoffBase Duration `yaml:"backoff_base" json:"backoff_base"`
-	BackoffMax  Duration `yaml:"backoff_max" json:"backoff_max"`
-	// Breaker is the per-tool circuit breaker.
-	Breaker Breaker `yaml:"breaker" json:"breaker"`
-	// MaxDuration bounds one pass: past it no more keys are leased; the
-	// rest wait for the next pass. Default 10m.
-	MaxDuration Duration `yaml:"max_duration" json:"max_duration"`
-}
-
-// Breaker opens a tool's circuit after Failures consecutive unknown verdicts
-// (counted across passes and replicas); probing that tool pauses for
-// Cooldown, doubling per re-open up to MaxCooldown.
-type Breaker struct {
-	Failures    int      `yaml:"failures" json:"failures"`
-	Cooldown    Duration `yaml:"cooldown" json:"cooldown"`
-	MaxCooldown Duration `yaml:"max_cooldown" json:"max_cooldown"`
-}
-
-// SelfCheck tunes the probes' self-check against the ledger's ground truth:
-// before a tool's verdicts change any key, its probe must find keys its tool
-// server completed and must not find a key never issued.
-type SelfCheck struct {
-	// Interval is how long a passing check vouches for a probe (shared by
-	// replicas). Default 10m. A failing check is repeated every pass.
-	Interval Duration `yaml:"interval" json:"interval"`
-	// Samples is how many completed keys are probed per check. Default 3.
-	Samples int `yaml:"samples" json:"samples"`
-	// MaxAge bounds the age of those keys. Default 6h.
-	MaxAge Duration `yaml:"max_age" json:"max_age"`
+	Reconcile string `yaml:"reconcile" json:"reconcile" default:"@every 30s"`
+	Purge     string `yaml:"purge" json:"purge" default:"@every 1h"`
+	Alerts    string `yaml:"alerts" json:"alerts" default:"@every 15s"`
 }
 
 // ProbeSelfCheck is one probe's self-check settings
@@ -183,7 +140,7 @@ type Tool struct {
 	DownstreamDedupWindow Duration `yaml:"downstream_dedup_window" json:"downstream_dedup_window"`
 	// Concurrency bounds this tool's probes in flight. Default: the global
 	// reconcile.concurrency.
-	Concurrency int    `yaml:"concurrency" json:"concurrency"`
+	Concurrency int    `yaml:"concurrency" json:"concurrency" min:"0"`
 	Probe       *Probe `yaml:"probe" json:"probe,omitempty"`
 }
 
@@ -303,33 +260,6 @@ func (p *Probe) WitnessRequired() bool {
 	return p.SelfCheck.RequireWitness == nil || *p.SelfCheck.RequireWitness
 }
 
-// Retention governs purge.
-type Retention struct {
-	// MinAge is a floor: a key younger than this (by created_at) is never
-	// purged, whatever its expires_at.
-	MinAge Duration `yaml:"min_age" json:"min_age"`
-	// BatchSize is the most rows one DELETE removes.
-	BatchSize int `yaml:"batch_size" json:"batch_size"`
-	// BatchPause is the least pause between batches.
-	BatchPause Duration `yaml:"batch_pause" json:"batch_pause"`
-	// MaxDuration is one pass's time budget.
-	MaxDuration Duration `yaml:"max_duration" json:"max_duration"`
-	// DutyCycle is the largest fraction of wall time spent inside DELETE
-	// transactions (0 < d <= 1).
-	DutyCycle float64 `yaml:"duty_cycle" json:"duty_cycle"`
-	// BatchTarget is the batch duration above which batches shrink.
-	BatchTarget Duration `yaml:"batch_target" json:"batch_target"`
-	// AuditMaxAge is how long audit rows, sent alerts and run records live.
-	AuditMaxAge Duration `yaml:"audit_max_age" json:"audit_max_age"`
-	// Tools overrides MinAge per tool.
-	Tools map[string]ToolRetention `yaml:"tools" json:"tools,omitempty"`
-}
-
-// ToolRetention is a per-tool retention override.
-type ToolRetention struct {
-	MinAge Duration `yaml:"min_age" json:"min_age"`
-}
-
 // Alerts configures notification.
 type Alerts struct {
 	Slack Slack `yaml:"slack" json:"slack"`
@@ -337,7 +267,7 @@ type Alerts struct {
 	// the same reason sooner.
 	RenotifyAfter Duration `yaml:"renotify_after" json:"renotify_after"`
 	// MaxKeysPerMessage bounds the keys listed in one grouped message.
-	MaxKeysPerMessage int `yaml:"max_keys_per_message" json:"max_keys_per_message"`
+	MaxKeysPerMessage int `yaml:"max_keys_per_message" json:"max_keys_per_message" min:"0"`
 	// RunbookURL is the base link of runbook.md, for per-reason sections.
 	RunbookURL string `yaml:"runbook_url" json:"runbook_url,omitempty"`
 }
@@ -388,15 +318,15 @@ type SlackOperator struct {
 
 // HTTP is the daemon's own listener.
 type HTTP struct {
-	Listen string `yaml:"listen" json:"listen"`
+	Listen string `yaml:"listen" json:"listen" default:":9464"`
 }
 
 // Log configures log/slog output on stderr.
 type Log struct {
-	// Level is debug, info, warn or error. Default info.
-	Level string `yaml:"level" json:"level"`
-	// Format is text or json. Default text.
-	Format string `yaml:"format" json:"format"`
+	// Level is the least level logged.
+	Level string `yaml:"level" json:"level" default:"info" oneof:"debug info warn error"`
+	// Format is text (logfmt) or json.
+	Format string `yaml:"format" json:"format" default:"text" oneof:"text json"`
 }
 
 // ToolPolicy is the effective policy for one tool name, configured or not.
@@ -420,7 +350,7 @@ func (c *Config) Policy(tool string) ToolPolicy {
 		ProcessingWindow: c.Defaults.ProcessingWindow.D(),
 		HeartbeatTimeout: c.Defaults.HeartbeatTimeout.D(),
 		Concurrency:      c.Reconcile.Concurrency,
-		RetentionMinAge:  c.Retention.MinAge.D(),
+		RetentionMinAge:  c.Retention.MinAge,
 	}
 	if t, ok := c.Tools[tool]; ok {
 		p.Configured = true
@@ -431,7 +361,7 @@ func (c *Config) Policy(tool string) ToolPolicy {
 		p.Probe = t.Probe
 	}
 	if r, ok := c.Retention.Tools[tool]; ok && r.MinAge > 0 {
-		p.RetentionMinAge = r.MinAge.D()
+		p.RetentionMinAge = r.MinAge
 	}
 	return p
 }
@@ -501,28 +431,35 @@ func (c *Config) lineOf(path string) int {
 	return 0
 }
 
-// checkSchedules refuses a schedule that robfig/cron cannot parse: a cron
-// spec is a type of its own, checked at decoding. An empty one means the
-// daemon's default.
-func (c *Config) checkSchedules() error {
-	var errs Errors
+// CheckSettings refuses a schedule that robfig/cron cannot parse.
+func (s *Schedule) CheckSettings(r *settings.Report) {
 	parser := cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
-	for _, s := range []struct{ path, spec string }{
-		{"schedule.reconcile", c.Schedule.Reconcile},
-		{"schedule.purge", c.Schedule.Purge},
-		{"schedule.alerts", c.Schedule.Alerts},
-	} {
-		if s.spec == "" {
-			continue
-		}
-		if _, err := parser.Parse(s.spec); err != nil {
-			errs = append(errs, c.errAt(s.path, "bad cron spec %q: %v", s.spec, err))
+	for _, spec := range []*string{&s.Reconcile, &s.Purge, &s.Alerts} {
+		if _, err := parser.Parse(*spec); err != nil {
+			r.Field(spec, "bad cron spec %q: %v", *spec, err)
 		}
 	}
-	if len(errs) == 0 {
-		return nil
+}
+
+// CheckSettings refuses Slack settings no client can use: an API URL that
+// is not http(s) or does not end in "/", a webhook URL that is not
+// http(s), a bot token without a channel.
+func (s *Slack) CheckSettings(r *settings.Report) {
+	if u := s.APIURL; u != "" {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			r.Field(&s.APIURL, "must be an http(s) URL")
+		} else if !strings.HasSuffix(u, "/") {
+			r.Field(&s.APIURL, "must end in \"/\" (slack-go appends the method name)")
+		}
 	}
-	return errs
+	if s.Token != "" && s.Channel == "" {
+		r.Field(&s.Channel, "required with %s", settings.Ref(&s.Token))
+	}
+	if w := s.WebhookURL; w != "" {
+		if pu, err := url.Parse(w.Reveal()); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			r.Field(&s.WebhookURL, "must be an http(s) URL")
+		}
+	}
 }
 
 // SortByLine orders errors by their line in the file, for reading.

@@ -25,6 +25,13 @@ const EnvDatabaseURL = "LEDGERKEEPER_DATABASE_URL"
 // Duration is a time.Duration written as "30s", "2m", "24h".
 type Duration time.Duration
 
+// UnmarshalText reads "30s", "2m", "24h" (a `default` tag's text).
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	*d = Duration(v)
+	return err
+}
+
 // D returns the time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
@@ -83,8 +90,8 @@ func Default(env LookupEnv) (*Config, error) {
 	return c, nil
 }
 
-// Load reads, expands and decodes a file. Defaults and the services'
-// validation are daemon.Settle's.
+// Load reads, expands and decodes a file. Defaults and validation are
+// daemon.Settle's.
 func Load(path string, env LookupEnv) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -200,14 +207,6 @@ func (c *Config) finish(env LookupEnv) error {
 	c.registerSecrets()
 	errs = append(errs, c.checkRateLimits()...)
 	errs = append(errs, c.checkCanaries()...)
-	if err := c.checkSchedules(); err != nil {
-		var more Errors
-		if errors.As(err, &more) {
-			errs = append(errs, more...)
-		} else {
-			return err
-		}
-	}
 	if len(errs) > 0 {
 		return errs
 	}
@@ -285,6 +284,7 @@ type decoder struct {
 
 var (
 	durationType      = reflect.TypeOf(Duration(0))
+	timeDurationType  = reflect.TypeOf(time.Duration(0))
 	slackOperatorType = reflect.TypeOf(SlackOperator{})
 	jsonObjectType    = reflect.TypeOf(JSONObject(nil))
 )
@@ -413,7 +413,7 @@ func (d *decoder) scalar(n *yaml.Node, v reflect.Value, path string) {
 	if len(vals) > 0 {
 		shown = fmt.Sprintf("%q (as expanded from the environment)", n.Value)
 	}
-	if v.Type() == durationType {
+	if v.Type() == durationType || v.Type() == timeDurationType {
 		dur, err := time.ParseDuration(raw)
 		if err != nil || dur < 0 {
 			d.fail(n, path, "bad duration %s (want e.g. 30s, 5m, 24h)", shown)

@@ -103,7 +103,7 @@ func TestSettleFull(t *testing.T) {
 	if other.Configured || other.Probe != nil || other.ProcessingWindow != 30*time.Second {
 		t.Fatalf("unconfigured tool policy = %+v", other)
 	}
-	if c.Retention.BatchSize != 5000 || c.Reconcile.Lease.D() != 2*time.Minute || c.Schedule.Alerts != DefaultAlertsSchedule {
+	if c.Retention.BatchSize != 5000 || c.Reconcile.Lease != 2*time.Minute || c.Schedule.Alerts != "@every 15s" {
 		t.Fatalf("values/defaults wrong: %+v", c)
 	}
 	// Secrets never print.
@@ -148,6 +148,12 @@ func TestSettleErrors(t *testing.T) {
 		{"negative tool concurrency", "tools:\n  t:\n    concurrency: -2\n", `lk.yaml:3: tools.t.concurrency: must be positive, got -2`},
 		{"duty cycle", "retention:\n  duty_cycle: 1.5\n", `lk.yaml:2: retention.duty_cycle: must be in (0, 1], got 1.5`},
 		{"negative retention batch", "retention:\n  batch_size: -5\n", `lk.yaml:2: retention.batch_size: must be positive, got -5`},
+		{"bad cron", "schedule:\n  purge: \"every hour\"\n", `lk.yaml:2: schedule.purge: bad cron spec "every hour"`},
+		{"log level", "log:\n  level: loud\n", `lk.yaml:2: log.level: must be debug, info, warn or error, got "loud"`},
+		{"log format", "log:\n  format: xml\n", `lk.yaml:2: log.format: must be text or json, got "xml"`},
+		{"negative max conns", "database:\n  max_conns: -1\n", `lk.yaml:2: database.max_conns: must be positive, got -1`},
+		{"webhook not http", "alerts:\n  slack:\n    webhook_url: ftp://x/y\n", `lk.yaml:3: alerts.slack.webhook_url: must be an http(s) URL`},
+		{"token without channel names the token", "alerts:\n  slack:\n    token: x\n", `alerts.slack.channel: required with alerts.slack.token`},
 		{"probe timeout vs lease", "reconcile:\n  lease: 10s\ntools:\n  t:\n    probe:\n      type: go\n      timeout: 5s\n", `lk.yaml:7: tools.t.probe.timeout: probe timeout 5s must be well under half of reconcile.lease (10s)`},
 	}
 	for _, tt := range tests {
@@ -189,8 +195,8 @@ func TestEmptyFileIsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Reconcile.BatchSize != reconcile.DefaultBatchSize || c.HTTP.Listen != DefaultHTTPListen ||
-		c.Retention.MinAge.D() != 24*time.Hour || c.Database.MaxConns != reconcile.DefaultConcurrency+4 {
+	if c.Reconcile.BatchSize != reconcile.DefaultConfig().BatchSize || c.HTTP.Listen != ":9464" ||
+		c.Retention.MinAge != 24*time.Hour || c.Database.MaxConns != 16+4 {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }

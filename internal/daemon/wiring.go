@@ -151,36 +151,22 @@ func EngineConfig(cfg *config.Config, built map[string]probes.Probe, actor strin
 			WitnessNotRequired:    pol.Probe != nil && !pol.Probe.WitnessRequired(),
 		}
 	}
-	r := cfg.Reconcile
-	return reconcile.Config{
-		Actor: actor,
-		Tools: tools,
-		// One redactor for probe errors and evidence, before they reach
-		// the audit trail, logs and alerts: every secret the
-		// configuration registered.
-		Redactor: cfg.Redactor(),
-		Default: reconcile.Policy{
-			ProcessingWindow: cfg.Defaults.ProcessingWindow.D(),
-			HeartbeatTimeout: cfg.Defaults.HeartbeatTimeout.D(),
-		},
-		Grace:                r.Grace.D(),
-		BatchSize:            r.BatchSize,
-		Concurrency:          r.Concurrency,
-		Lease:                r.Lease.D(),
-		AlertAfterAttempts:   r.AlertAfterAttempts,
-		AlertAfterAge:        r.AlertAfterAge.D(),
-		ConfirmNotFoundAfter: r.ConfirmNotFoundAfter.D(),
-		BackoffBase:          r.BackoffBase.D(),
-		BackoffMax:           r.BackoffMax.D(),
-		BreakerFailures:      r.Breaker.Failures,
-		BreakerCooldown:      r.Breaker.Cooldown.D(),
-		BreakerMaxCooldown:   r.Breaker.MaxCooldown.D(),
-		RenotifyAfter:        cfg.Alerts.RenotifyAfter.D(),
-		MaxDuration:          r.MaxDuration.D(),
-		SelfCheckInterval:    cfg.SelfCheck.Interval.D(),
-		SelfCheckSamples:     cfg.SelfCheck.Samples,
-		SelfCheckMaxAge:      cfg.SelfCheck.MaxAge.D(),
+	// The reconcile and self_check sections are the engine's own types:
+	// a new setting there needs no line here.
+	rc := cfg.Reconcile
+	rc.Actor = actor
+	rc.Tools = tools
+	rc.Default = reconcile.Policy{
+		ProcessingWindow: cfg.Defaults.ProcessingWindow.D(),
+		HeartbeatTimeout: cfg.Defaults.HeartbeatTimeout.D(),
 	}
+	rc.SelfCheck = cfg.SelfCheck
+	rc.RenotifyAfter = cfg.Alerts.RenotifyAfter.D()
+	// One redactor for probe errors and evidence, before they reach the
+	// audit trail, logs and alerts: every secret the configuration
+	// registered.
+	rc.Redactor = cfg.Redactor()
+	return rc
 }
 
 // probeFingerprint identifies a probe's configuration, so that a stored
