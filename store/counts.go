@@ -3,6 +3,7 @@ package store
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"sort"
@@ -257,4 +258,19 @@ func sortedStats(byTool map[string]*ToolStats) []ToolStats {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tool < out[j].Tool })
 	return out
+}
+
+// LedgerTools lists the tools that have keys in the ledger, sorted, by the
+// same skip scan as StatsWith (one index descent per tool): `reconcile
+// --tool` tells a tool with keys but no configuration from a typo.
+func LedgerTools(ctx context.Context, db ledger.DBTX) ([]string, error) {
+	rows, err := db.Query(ctx, distinctTools+` SELECT tool FROM tools WHERE tool IS NOT NULL ORDER BY tool`)
+	if err != nil {
+		return nil, fmt.Errorf("list the ledger's tools: %w", err)
+	}
+	tools, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list the ledger's tools: %w", err)
+	}
+	return tools, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 func newReconcileCmd(a *app) *cobra.Command {
@@ -57,10 +59,8 @@ Safe to run while 'serve' replicas run: leases keep each key to one prober.`,
 				return &configError{err}
 			}
 			defer closer.Close()
-			for _, t := range tools {
-				if _, ok := a.cfg.Tools[t]; !ok {
-					a.logger.Warn("tool is not in the configuration: its keys have no probe and will only be alerted", "tool", t)
-				}
+			if err := a.checkTools(ctx, pool, tools); err != nil {
+				return err
 			}
 			rep, runErr := eng.Run(ctx, reconcile.Options{Tools: tools, Keys: keys, DryRun: dryRun, Limit: limit})
 			var delivery *alerts.Report
@@ -108,6 +108,39 @@ Safe to run while 'serve' replicas run: leases keep each key to one prober.`,
 	f.BoolVar(&noAlerts, "no-alerts", false, "leave raised alerts in the outbox for 'serve' to deliver")
 	f.StringVar(&actorFlag, "actor", "", "operator name for the audit trail (default $USER)")
 	return cmd
+}
+
+// checkTools refuses a --tool that is neither configured nor in the ledger
+// (a typo: "Reconciled no due keys" would hide it), with the nearest
+// names; a tool with keys but no configuration is warned about and
+// reconciled (its keys are alerted, never guessed).
+func (a *app) checkTools(ctx context.Context, pool *pgxpool.Pool, tools []string) error {
+	var ledgerTools []string
+	for _, t := range tools {
+		if _, ok := a.cfg.Tools[t]; ok {
+			continue
+		}
+		if ledgerTools == nil {
+			var err error
+			if ledgerTools, err = store.LedgerTools(ctx, pool); err != nil {
+				return err
+			}
+		}
+		if slices.Contains(ledgerTools, t) {
+			a.logger.Warn("tool is not in the configuration: its keys have no probe and will only be alerted", "tool", t)
+			continue
+		}
+		known := slices.Compact(slices.Sorted(slices.Values(append(a.cfg.ToolNames(), ledgerTools...))))
+		msg := fmt.Sprintf("--tool %q: no such tool: not in the configuration and no key of it in the ledger", t)
+		if s := suggest(t, known); len(s) > 0 {
+			msg += " (did you mean " + strings.Join(s, " or ") + "?)"
+		}
+		if len(known) > 0 {
+			msg += "; the tools are " + strings.Join(known, ", ")
+		}
+		return usagef("%s", msg)
+	}
+	return nil
 }
 
 // registry returns the Go probes compiled into this binary (none in the

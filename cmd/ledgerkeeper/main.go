@@ -45,7 +45,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	root.SetOut(a.stdout)
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
+	ran, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
 	}
@@ -57,7 +57,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &ue), errors.As(err, &ce), isCobraUsage(err):
 		fmt.Fprintf(stderr, "ledgerkeeper: %s\n", msg)
 		if errors.As(err, &ue) || isCobraUsage(err) {
-			fmt.Fprintln(stderr, "Run 'ledgerkeeper --help' for usage.")
+			// The help of the command that was mistyped, not the root's.
+			path := "ledgerkeeper"
+			if ran != nil {
+				path = ran.CommandPath()
+			}
+			fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", path)
 		}
 		return exitUsage
 	case errors.Is(err, errSilentFailure):
@@ -82,7 +87,7 @@ keys, and alerts on Slack for everything it cannot resolve.`,
 	root.PersistentFlags().StringVar(&a.configPath, "config", "", "configuration file (default ledgerkeeper.yaml if present)")
 	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL of the ledger (overrides database.url and $"+envDatabaseURL+")")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "", "debug, info, warn or error (overrides log.level)")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return &usageError{suggestFlag(cmd, err)} })
 	root.AddCommand(
 		newMigrateCmd(a),
 		newConfigCmd(a),

@@ -162,6 +162,10 @@ func TestUsageAndOperationalExitCodes(t *testing.T) {
 	}{
 		{[]string{"frobnicate"}, 2, "unknown command"},
 		{[]string{"reconcile", "--bogus"}, 2, "unknown flag"},
+		{[]string{"reconcile", "--limt", "3"}, 2, "unknown flag: --limt (did you mean --limit?)\nRun 'ledgerkeeper reconcile --help' for usage."},
+		{[]string{"purge", "--dry-rn"}, 2, "(did you mean --dry-run?)\nRun 'ledgerkeeper purge --help' for usage."},
+		{[]string{"probe", "canary", "add", "--tol", "t"}, 2, "(did you mean --tool?)\nRun 'ledgerkeeper probe canary add --help' for usage."},
+		{[]string{"resolve", "k", "--retryable"}, 2, "Run 'ledgerkeeper resolve --help' for usage."},
 		{[]string{"inspect"}, 2, "accepts 1 arg"},
 		{[]string{"migrate", "sideways", "--database-url", "postgres://x@127.0.0.1:1/x"}, 2, `unknown command "sideways" for "ledgerkeeper migrate"`},
 		{[]string{"migrate", "stauts"}, 2, `unknown command "stauts" for "ledgerkeeper migrate" (did you mean status?)`},
@@ -269,6 +273,20 @@ func TestReconcileCommand(t *testing.T) {
 	}
 	if status(t, db, "wf-1:found") != "completed" || status(t, db, "wf-2:absent") != "failed_retryable" || status(t, db, "wf-3:young") != "processing" {
 		t.Fatal("wrong statuses after reconcile")
+	}
+
+	// A --tool that is neither configured nor in the ledger is a typo:
+	// refused (exit 2) with the nearest names, before anything is probed.
+	code, _, stderr = cli(t, "reconcile", "--tool", "create_tiket", "--config", cfg, "--database-url", db.URL, "--no-alerts")
+	if code != 2 || !strings.Contains(stderr, `--tool "create_tiket": no such tool: not in the configuration and no key of it in the ledger (did you mean create_ticket?)`) {
+		t.Fatalf("--tool typo: %d %s", code, stderr)
+	}
+	// A tool with keys but no configuration is reconciled (its keys are
+	// alerted, never guessed), with a warning.
+	stuckKey(t, db, "unconfigured_tool", "wf-9:x", time.Minute)
+	code, _, stderr = cli(t, "reconcile", "--tool", "unconfigured_tool", "--config", cfg, "--database-url", db.URL, "--no-alerts")
+	if code != 0 || !strings.Contains(stderr, "tool is not in the configuration") {
+		t.Fatalf("--tool of keys without configuration: %d %s", code, stderr)
 	}
 
 	// --key never overrides the processing window.

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // suggestDistance is how many edits away a typed command may be from a
@@ -56,6 +57,30 @@ func editDistance(a, b string) int {
 		prev = cur
 	}
 	return prev[len(rb)]
+}
+
+// suggestFlag adds the nearest flags of cmd to pflag's "unknown flag:
+// --limt" ("(did you mean --limit?)").
+func suggestFlag(cmd *cobra.Command, err error) error {
+	typed, isUnknown := strings.CutPrefix(err.Error(), "unknown flag: --")
+	if !isUnknown {
+		return err
+	}
+	typed, _, _ = strings.Cut(typed, "=")
+	var names []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if !f.Hidden {
+			names = append(names, f.Name)
+		}
+	})
+	s := suggest(typed, names)
+	if len(s) == 0 {
+		return err
+	}
+	for i := range s {
+		s[i] = "--" + s[i]
+	}
+	return fmt.Errorf("%w (did you mean %s?)", err, strings.Join(s, " or "))
 }
 
 // subcommandNames lists cmd's visible sub-commands.
