@@ -228,7 +228,7 @@ func (p *SQLProbe) Probe(ctx context.Context, k Key) Result {
 	defer cancel()
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
-		return unknown(nil, "sql probe: cannot reach the downstream database (is it up? check database_url): %w", p.scrub(p.timeoutErr(ctx, err)))
+		return unknown(nil, "sql probe: %s: %w", connectFailure(err), p.scrub(p.timeoutErr(ctx, err)))
 	}
 	// A connection left inside a transaction or broken is destroyed by
 	// the pool on release, never reused.
@@ -572,6 +572,17 @@ type SQLCheckError struct {
 func (e *SQLCheckError) Error() string { return e.Err.Error() }
 func (e *SQLCheckError) Unwrap() error { return e.Err }
 
+// connectFailure says why a connection to the downstream failed: a server
+// that answered and refused (a PostgreSQL error: an unknown role, a wrong
+// password, a missing database) is told from one that could not be
+// reached, so that an operator looks at the credentials, not the network.
+func connectFailure(err error) string {
+	if _, answered := errors.AsType[*pgconn.PgError](err); answered {
+		return "the downstream database refused the connection (check the user, password and database name in database_url)"
+	}
+	return "cannot reach the downstream database (is it up? check database_url)"
+}
+
 // Check connects to the downstream and prepares the query there, without
 // running it: PostgreSQL parses it (one statement), resolves its tables and
 // columns and counts its parameters. The count must equal len(Args), and
@@ -585,7 +596,7 @@ func (p *SQLProbe) Check(ctx context.Context) error {
 	defer cancel()
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("sql probe: cannot reach the downstream database (is it up? check database_url): %w", p.scrub(p.timeoutErr(ctx, err)))
+		return fmt.Errorf("sql probe: %s: %w", connectFailure(err), p.scrub(p.timeoutErr(ctx, err)))
 	}
 	defer conn.Release()
 	// An unnamed statement, replaced by the next Parse: nothing is left

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -58,6 +59,13 @@ func TestConfigCheckConnect(t *testing.T) {
 	db.Exec(t, `CREATE TABLE charges (id text PRIMARY KEY, idempotency_key text NOT NULL, amount_cents bigint NOT NULL)`)
 	db.Exec(t, `INSERT INTO charges VALUES ('ch_1', 'k-1', 1200), ('ch_2', 'k-2', 500)`)
 	const query = "SELECT id AS charge_id, amount_cents FROM charges WHERE idempotency_key = $1"
+	// The same server, as a role that does not exist: it answers, and
+	// refuses.
+	noUser, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noUser.User = url.User("nouser")
 
 	tests := []struct {
 		name              string
@@ -78,6 +86,8 @@ func TestConfigCheckConnect(t *testing.T) {
 			want: 2, stderr: ":7: tools.charge_card.probe.query: sql probe of tool charge_card: PostgreSQL refuses the query: ERROR: cannot insert multiple commands into a prepared statement (SQLSTATE 42601)", withoutConnectRun: true},
 		{name: "unreachable", dsn: "postgres://prober:unre4chable-pw@127.0.0.1:1/payments?connect_timeout=2", query: query, args: "[key]", body: "{}",
 			want: 1, stderr: "could not verify every sql probe:\n  tool charge_card (tools.charge_card.probe.database_url): sql probe: cannot reach the downstream database", stderrWithout: "unre4chable-pw", withoutConnectRun: true},
+		{name: "refused: unknown role", dsn: noUser.String(), query: query, args: "[key]", body: "{}",
+			want: 1, stderr: `sql probe: the downstream database refused the connection (check the user, password and database name in database_url): failed to connect to`, stderrWithout: "cannot reach", withoutConnectRun: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
