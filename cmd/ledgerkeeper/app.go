@@ -175,7 +175,7 @@ func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, erro
 		if r := redactURL(raw); r != unshownURL {
 			shown = " " + r
 		}
-		return nil, &configError{fmt.Errorf("the database URL%s (database.url, $%s or --database-url) is not a valid PostgreSQL URL or DSN: expected postgres://user:password@host:port/dbname or host=… dbname=…", shown, envDatabaseURL)}
+		return nil, &configError{fmt.Errorf("the database URL%s (database.url, $%s or --database-url) is not a valid PostgreSQL URL or DSN: expected postgres://USER@HOST:PORT/DBNAME (a password goes after USER and a colon) or host=… dbname=…", shown, envDatabaseURL)}
 	}
 	if maxConns > 0 {
 		pc.MaxConns = int32(maxConns) //nolint:gosec // G115: database.max_conns has no upper bound check yet; a pool beyond int32 connections is not one anyone runs

@@ -270,7 +270,7 @@ func scratchURL(raw, name string) (string, error) {
 	}
 	pc, err := pgconn.ParseConfig(u)
 	if err != nil || pc.Database != name {
-		return "", fmt.Errorf("the demo cannot point the database URL %s at its scratch database: give a URL of the form postgres://user:password@host:port/db", redactURL(raw))
+		return "", fmt.Errorf("the demo cannot point the database URL %s at its scratch database: give a URL of the form postgres://USER@HOST:PORT/DB (a password goes after USER and a colon)", redactURL(raw))
 	}
 	return u, nil
 }
