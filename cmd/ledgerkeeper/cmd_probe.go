@@ -335,7 +335,7 @@ func printProbeRun(w io.Writer, rep probeRunReport) {
 	if c := rep.SelfCheck; c != nil {
 		row("self-check", "%s at %s: %s", c.Outcome, ts(c.CheckedAt), oneLine(c.Summary, 300))
 	} else {
-		row("self-check", "none stored yet: run 'ledgerkeeper probe check --tool %s'", rep.Tool)
+		row("self-check", "none stored yet: a reconcile pass of the tool stores one ('ledgerkeeper probe check --tool %s' runs one now, storing nothing)", rep.Tool)
 	}
 	tw.Flush()
 }
