@@ -193,7 +193,15 @@ database's clock, with the windows of the loaded configuration) is in flight:
 resolving it could race the running attempt, so it is refused unless --force.
 A held key must be released first. --completed also applies to a key
 already marked failed_retryable that no retry has re-claimed yet, when the
-effect turns out to exist after all.`,
+effect turns out to exist after all.
+
+A key of an MCP tool (ledger/mcpkey) replays --body to every retry: a JSON
+object as the result's structuredContent (when it matches the tool's
+outputSchema) and as its text; any other body (a string such as '"ticket
+T-1 created"', an array, null), or an object the outputSchema refuses, as
+text only, _meta["ledgerkeeper/replayAsText"] saying why, and as an error
+result saying the call completed when the tool declares an outputSchema.
+For an MCP tool, give the object its tool returns.`,
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			if completed == retryable {
@@ -237,6 +245,9 @@ effect turns out to exist after all.`,
 				return resolveRefusal(err, req.Key)
 			}
 			fmt.Fprintf(a.stdout, "key %s is now %s (by %s: %s)\n", req.Key, res.Key.Status, req.Actor, reason)
+			if completed && !isJSONObject(req.Body) {
+				fmt.Fprintln(a.stderr, "note: the body is not a JSON object: if this is an MCP tool's key, its retries receive it as text only, without structuredContent (see resolve --help)")
+			}
 			return nil
 		},
 	}
@@ -249,6 +260,13 @@ effect turns out to exist after all.`,
 	f.StringVar(&actorFlag, "actor", "", "operator name for the audit trail (default $USER)")
 	f.BoolVar(&force, "force", false, "resolve even a key that is in flight")
 	return cmd
+}
+
+// isJSONObject reports whether body is a JSON object: what an MCP tool's
+// retry receives as structuredContent (package mcpkey's replay rule).
+func isJSONObject(body json.RawMessage) bool {
+	var m map[string]json.RawMessage
+	return json.Unmarshal(body, &m) == nil && m != nil
 }
 
 func newHoldCmd(a *app) *cobra.Command {

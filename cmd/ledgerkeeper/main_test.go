@@ -347,8 +347,16 @@ func TestOperatorCommands(t *testing.T) {
 	}
 	code, out, stderr = cli(t, "resolve", "k-resolve", "--completed", "--code", "201", "--body", `{"ticket_id":"T-77"}`,
 		"--reason", "found it in the tickets UI", "--actor", "carol", "--config", cfg, "--database-url", url)
-	if code != 0 || status(t, db, "k-resolve") != "completed" {
+	if code != 0 || status(t, db, "k-resolve") != "completed" || strings.Contains(stderr, "note:") {
 		t.Fatalf("resolve: %d %s %s", code, out, stderr)
+	}
+	// A body that is not a JSON object: stored, with a note on what an MCP
+	// tool's retry receives.
+	stuckKey(t, db, "create_ticket", "k-string", time.Minute)
+	code, _, stderr = cli(t, "resolve", "k-string", "--completed", "--code", "200", "--body", `"ticket T-1 created"`,
+		"--reason", "found it", "--config", cfg, "--database-url", url)
+	if code != 0 || status(t, db, "k-string") != "completed" || !strings.Contains(stderr, "not a JSON object") {
+		t.Fatalf("resolve with a string body: %d %s", code, stderr)
 	}
 	res, err := ledger.Claim(context.Background(), db.Pool, ledger.ClaimParams{Key: "k-resolve", Tool: "create_ticket", RequestHash: "h"})
 	if err != nil || res.Outcome != ledger.Replay || !strings.Contains(string(res.Row.ResponseBody), "T-77") {
