@@ -104,7 +104,7 @@ func retryableModal(k ledger.Key, w where) slack.ModalViewRequest {
 
 func outcomeModal(k ledger.Key, w where) slack.ModalViewRequest {
 	return modal(viewOutcome, "Store outcome", "Review", meta{Key: k.Key, ClaimedAt: &k.ClaimedAt, where: w},
-		mrkdwn("Store the outcome of "+alerts.InlineCode(k.Key, 400)+": every retry will receive this response instead of running "+alerts.InlineCode(k.Tool, 200)+" again. Give the status code and body the tool returned for the effect that happened downstream."),
+		mrkdwn("Store the outcome of "+alerts.InlineCode(k.Key, 400)+": every retry will receive this response instead of running "+alerts.InlineCode(k.Tool, 200)+" again. Give the status code and body the tool returned for the effect that happened downstream. For an MCP tool give a JSON object: its retries receive it as structured content (when it matches the tool's output schema); any other body, such as `\"refunded\"`, reaches them as text only."),
 		attemptLine(k),
 		input(inCode, "HTTP status code", "201", false, 3),
 		input(inBody, "Response body (JSON)", `{"id": "T-1"}`, true, 2500),
