@@ -52,6 +52,7 @@ func (k *heldKey) done(ctx context.Context) {
 	if k.paused {
 		k.t.pace.givenBack.Store(true)
 	}
+	p.countGivenBack(k.l.Key.Key)
 	if p.opts.DryRun {
 		return
 	}

@@ -71,6 +71,27 @@ type Report struct {
 	// batch's closing self-check was not trusted, or a not_found had no
 	// present-side witness): given back untouched, due again.
 	Withheld int `json:"withheld"`
+	// GivenBack counts the keys leased and given back without a verdict
+	// (each once): their probe never started or was cut short (the pass
+	// stopping, the tool paused, too little lease left). No attempt is
+	// counted; they are due again at once (a paused tool's keys may be
+	// taken again, and decided, later in the same pass).
+	GivenBack int `json:"given_back"`
+}
+
+// countGivenBack counts keys given back without a verdict, each once
+// however often the pass leased and gave it back (a stopping pass may
+// lease a key it just released, only to release it again).
+func (p *pass) countGivenBack(keys ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.givenBack == nil {
+		p.givenBack = map[string]struct{}{}
+	}
+	for _, k := range keys {
+		p.givenBack[k] = struct{}{}
+	}
+	p.report.GivenBack = len(p.givenBack)
 }
 
 // add lists a decided key (or one whose write failed) and counts it.
@@ -115,7 +136,9 @@ func (p *pass) countAlerts(raised, resolved int) {
 // serve logs per pass: keys decided, actions as a group (text logs read
 // actions.completed=2, JSON logs an object; never a Go map), alerts raised
 // and resolved, duration in seconds (a float, to the millisecond), and
-// out_of_time and stopped when they happened.
+// withheld, given_back, out_of_time and stopped when they happened (a
+// stopped pass that gave back its keys says how many: keys=0 alone would
+// read as an idle pass).
 func (r Report) LogAttrs() []any {
 	actions := make([]any, 0, 2*len(r.Actions))
 	for _, a := range slices.Sorted(maps.Keys(r.Actions)) {
@@ -127,6 +150,12 @@ func (r Report) LogAttrs() []any {
 		slog.Int("alerts_raised", r.AlertsRaised),
 		slog.Int("resolved_alerts", r.ResolvedAlerts),
 		slog.Float64("duration", r.Duration.Round(time.Millisecond).Seconds()),
+	}
+	if r.Withheld > 0 {
+		attrs = append(attrs, slog.Int("withheld", r.Withheld))
+	}
+	if r.GivenBack > 0 {
+		attrs = append(attrs, slog.Int("given_back", r.GivenBack))
 	}
 	if r.OutOfTime {
 		attrs = append(attrs, slog.Bool("out_of_time", true))

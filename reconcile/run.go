@@ -29,6 +29,8 @@ type pass struct {
 
 	mu     sync.Mutex
 	report Report
+	// givenBack holds the keys given back without a verdict (countGivenBack).
+	givenBack map[string]struct{}
 }
 
 // budget counts down Options.Limit across tools.
@@ -378,6 +380,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 				if err := store.ReleaseLeases(lctx, p.e.pool, keys, p.owner); err != nil {
 					p.e.logger.Warn("release leases", "tool", tool, "err", err)
 				}
+				p.countGivenBack(keys...)
 				batch = nil
 			}
 			cancel()

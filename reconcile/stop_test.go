@@ -62,8 +62,9 @@ func TestGracefulStopWritesProbesInFlight(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("a graceful stop is not an error: %v", r.err)
 	}
-	if !r.rep.Stopped || r.rep.Decided != 2 || r.rep.Actions["completed"] != 2 {
-		t.Fatalf("report: stopped=%v decided=%d actions=%v; want stopped, the 2 in flight completed", r.rep.Stopped, r.rep.Decided, r.rep.Actions)
+	if !r.rep.Stopped || r.rep.Decided != 2 || r.rep.Actions["completed"] != 2 || r.rep.GivenBack != 3 {
+		t.Fatalf("report: stopped=%v decided=%d actions=%v given back %d; want stopped, the 2 in flight completed, the other 3 given back",
+			r.rep.Stopped, r.rep.Decided, r.rep.Actions, r.rep.GivenBack)
 	}
 	for _, k := range keys {
 		st := row(t, db, k).Status
@@ -107,16 +108,20 @@ func TestProbeOutlivingTheGraceIsGivenBack(t *testing.T) {
 	ctx, cancel := context.WithCancel(bg)
 	defer cancel()
 	stop := make(chan struct{})
-	done := make(chan error, 1)
+	type result struct {
+		rep reconcile.Report
+		err error
+	}
+	done := make(chan result, 1)
 	go func() {
-		_, err := e.Run(ctx, reconcile.Options{Stop: stop})
-		done <- err
+		rep, err := e.Run(ctx, reconcile.Options{Stop: stop})
+		done <- result{rep, err}
 	}()
 	testwait.Recv(t, ds.entered, testwait.Timeout)
 	close(stop)
 	cancel() // the grace ran out with the probe still running
-	if err := testwait.Recv(t, done, testwait.Timeout); !errors.Is(err, context.Canceled) {
-		t.Fatalf("hard-stopped pass err = %v", err)
+	if r := testwait.Recv(t, done, testwait.Timeout); !errors.Is(r.err, context.Canceled) || r.rep.GivenBack != 1 || r.rep.Decided != 0 {
+		t.Fatalf("hard-stopped pass: err %v, given back %d, decided %d; want canceled, 1 given back, none decided", r.err, r.rep.GivenBack, r.rep.Decided)
 	}
 	if n := db.Count(t, "reconcile_audit"); n != 0 {
 		t.Fatalf("a probe cut short was recorded: %d audit rows", n)
@@ -132,11 +137,11 @@ func TestProbeOutlivingTheGraceIsGivenBack(t *testing.T) {
 // The pass's log attributes: actions flattened (text logs never print a Go
 // map), duration in seconds in JSON.
 func TestReportLogAttrs(t *testing.T) {
-	rep := reconcile.Report{Decided: 3, Actions: map[string]int{"completed": 2, "backoff": 1}, Duration: 1500 * time.Millisecond, Stopped: true}
+	rep := reconcile.Report{Decided: 3, Actions: map[string]int{"completed": 2, "backoff": 1}, Duration: 1500 * time.Millisecond, Stopped: true, GivenBack: 4}
 	var text, js strings.Builder
 	slog.New(slog.NewTextHandler(&text, nil)).Info("reconcile pass", rep.LogAttrs()...)
 	slog.New(slog.NewJSONHandler(&js, nil)).Info("reconcile pass", rep.LogAttrs()...)
-	for _, want := range []string{"keys=3", "actions.backoff=1", "actions.completed=2", "duration=1.5", "stopped=true"} {
+	for _, want := range []string{"keys=3", "actions.backoff=1", "actions.completed=2", "duration=1.5", "stopped=true", "given_back=4"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text log lacks %s: %s", want, text.String())
 		}

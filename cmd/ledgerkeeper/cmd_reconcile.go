@@ -143,6 +143,14 @@ func (a *app) checkTools(ctx context.Context, pool *pgxpool.Pool, tools []string
 	return nil
 }
 
+// plural is "1 key", "3 keys".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
 // registry returns the Go probes compiled into this binary (none in the
 // stock build; a program embedding ledgerkeeper registers its own).
 func (a *app) registry() *probes.Registry {
@@ -204,6 +212,9 @@ func printReconcile(w io.Writer, rep reconcile.Report, delivery *alerts.Report) 
 	}
 	if rep.OutOfTime {
 		fmt.Fprintln(w, "The pass reached reconcile.max_duration: the keys left are due for the next pass.")
+	}
+	if rep.GivenBack > 0 {
+		fmt.Fprintf(w, "%s given back without a verdict (stopped, paused, or too little lease left to probe): no attempt counted, due again.\n", plural(rep.GivenBack, "key", "keys"))
 	}
 	for _, s := range rep.Skipped {
 		fmt.Fprintf(w, "skipped %s: %s\n", s.Key, strings.ReplaceAll(s.Action, "_", " "))
