@@ -49,7 +49,14 @@ retention:
 // daemon does.
 func buildProbe(t *testing.T, toolURL string) probes.Probe {
 	t.Helper()
-	cfg, err := config.Parse("conformance.yaml", []byte(probeConfig), func(k string) (string, bool) {
+	return buildProbeFrom(t, probeConfig, toolURL)
+}
+
+// buildProbeFrom builds create_ticket's probe from a configuration, with
+// TOOL_URL set to toolURL.
+func buildProbeFrom(t *testing.T, yaml, toolURL string) probes.Probe {
+	t.Helper()
+	cfg, err := config.Parse("conformance.yaml", []byte(yaml), func(k string) (string, bool) {
 		if k == "TOOL_URL" {
 			return toolURL, true
 		}
@@ -151,18 +158,60 @@ func (w *world) tickets(t *testing.T, key string) int {
 	return n
 }
 
-// The example tool server passes every assertion, the client deadline
-// included when a slow path is named (its processing time is 1s here,
-// the client deadline 100ms).
-func TestExampleToolPasses(t *testing.T) {
+// onlyFailed asserts that exactly the named assertions failed.
+func onlyFailed(t *testing.T, rep conformance.Report, names ...string) {
+	t.Helper()
+	wantFailed(t, rep, names...)
+	if got := failed(rep); len(got) != len(names) {
+		t.Errorf("want exactly %d failures %q, failed: %q", len(names), names, got)
+	}
+}
+
+func status(rep conformance.Report, name string) string {
+	for _, a := range rep.Assertions {
+		if a.Name == name {
+			return a.Status
+		}
+	}
+	return "absent"
+}
+
+// failTitle makes the sink refuse a ticket titled title, so the example
+// tool answers it with a 500 (ticket store unavailable).
+func failTitle(t *testing.T, w *world, title string) {
+	t.Helper()
+	if _, err := w.db.Pool.Exec(context.Background(), `CREATE FUNCTION refuse_title() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.title = '`+title+`' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$;
+		CREATE TRIGGER refuse_title BEFORE INSERT ON tickets FOR EACH ROW EXECUTE FUNCTION refuse_title()`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The example tool server (ledger.Middleware) passes every assertion of
+// the ledgerkeeper profile, its markers included, the client deadline and
+// the deliberate 5xx too (a title the sink refuses: the middleware stores
+// nothing, and the retry gets 409).
+func TestExampleToolPassesLedgerkeeperProfile(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, exampletool.Config{Delay: time.Second}, nil)
+	failTitle(t, w, "fail")
 	rep := w.run(t, func(c *conformance.Config) {
+		c.Profile = conformance.ProfileLedgerkeeper
 		c.SlowBody = json.RawMessage(`{"title":"slow","account_id":"A-8"}`)
 		c.SlowDeadline = 100 * time.Millisecond
+		c.FailBody = json.RawMessage(`{"title":"fail","account_id":"A-9"}`)
 	})
-	if !rep.OK() || rep.Skipped != 0 || rep.Passed < 15 {
+	if !rep.OK() || rep.Skipped != 0 || rep.Passed < 20 || rep.KeyFormat != conformance.KeyFormatRaw {
 		t.Fatalf("the example tool server should pass everything: %+v", rep)
+	}
+	markers := 0
+	for _, a := range rep.Assertions {
+		if strings.HasPrefix(a.Name, "ledgerkeeper/") {
+			markers++
+		}
+	}
+	if markers < 6 {
+		t.Errorf("the ledgerkeeper profile ran %d marker assertions, want its set", markers)
 	}
 	for _, k := range []string{"same-key-twice", "other-arguments", "concurrent", "client-deadline"} {
 		if n := w.tickets(t, "conformance-test:"+k); n != 1 {
@@ -174,18 +223,94 @@ func TestExampleToolPasses(t *testing.T) {
 	}
 }
 
-// Without a slow path the client deadline is skipped with its reason, and
-// --allow-missing-key skips the 400 check.
+// A draft-07 server that is not ours (draftServer: its own store, no
+// markers, sf-string keys) passes the default profile, every scenario run;
+// the sink holds one ticket per scenario key. Under the ledgerkeeper
+// profile only the marker assertions fail: the profiles are separate.
+func TestDraftServerPassesDraft07(t *testing.T) {
+	t.Parallel()
+	var srv *draftServer
+	w := newWorld(t, exampletool.Config{}, func(w *world) http.Handler {
+		srv = &draftServer{sink: w.db.Pool, slow: time.Second, keys: map[string]*draftEntry{}}
+		return srv
+	})
+	all := func(c *conformance.Config) {
+		c.SlowBody = json.RawMessage(`{"title":"slow","account_id":"A-8"}`)
+		c.SlowDeadline = 100 * time.Millisecond
+		c.FailBody = json.RawMessage(`{"title":"fail","account_id":"A-9"}`)
+	}
+	rep := w.run(t, all)
+	if !rep.OK() || rep.Skipped != 0 || rep.Profile != conformance.ProfileDraft07 || rep.KeyFormat != conformance.KeyFormatSFString {
+		t.Fatalf("a draft-07 server should pass the default profile: failed %q\n%+v", failed(rep), rep)
+	}
+	if st := status(rep, "key-format/the key is read as the Structured Field String's value, without its quotes"); st != conformance.Pass {
+		t.Errorf("key-format: %s", st)
+	}
+	for _, k := range []string{"same-key-twice", "other-arguments", "concurrent", "client-deadline"} {
+		if n := w.tickets(t, "conformance-test:"+k); n != 1 {
+			t.Errorf("sink holds %d tickets for %s, want 1", n, k)
+		}
+	}
+	rep = w.run(t, func(c *conformance.Config) {
+		all(c)
+		c.Profile, c.KeyFormat, c.KeyPrefix = conformance.ProfileLedgerkeeper, conformance.KeyFormatSFString, "lk-profile:"
+	})
+	got := failed(rep)
+	if len(got) == 0 {
+		t.Fatal("the ledgerkeeper profile should fail a server without ledgerkeeper's markers")
+	}
+	for _, n := range got {
+		if !strings.HasPrefix(n, "ledgerkeeper/") {
+			t.Errorf("under the ledgerkeeper profile, a contract assertion failed: %q", n)
+		}
+	}
+}
+
+// A server that takes the header's bytes as the key stores "\"k\"" for the
+// sf-string "k": key-format fails, once, and the rest of the battery still
+// judges the contract under the quoted key; with --key-format raw it
+// passes.
+func TestCatchesQuotesKeptInTheKey(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, exampletool.Config{}, func(w *world) http.Handler {
+		return &draftServer{sink: w.db.Pool, rawKeys: true, keys: map[string]*draftEntry{}}
+	})
+	rep := w.run(t, func(c *conformance.Config) { c.Concurrency = 5 })
+	onlyFailed(t, rep, "key-format/the key is read as the Structured Field String's value, without its quotes")
+	if n := w.tickets(t, `"conformance-test:same-key-twice"`); n != 1 {
+		t.Errorf("sink holds %d tickets under the quoted key, want 1", n)
+	}
+	rep = w.run(t, func(c *conformance.Config) {
+		c.Concurrency = 5
+		c.KeyFormat = conformance.KeyFormatRaw
+		c.KeyPrefix = "raw:"
+	})
+	if !rep.OK() {
+		t.Fatalf("with raw keys the server conforms: failed %q", failed(rep))
+	}
+}
+
+// Without a slow path the client deadline is skipped with its reason,
+// without a failing request no-cached-5xx is, and --allow-missing-key
+// skips the 400 check.
 func TestSkipsWithReason(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, exampletool.Config{}, nil)
-	rep := w.run(t, func(c *conformance.Config) { c.AllowMissingKey = true; c.Concurrency = 5 })
-	if !rep.OK() || rep.Skipped != 2 {
+	rep := w.run(t, func(c *conformance.Config) {
+		c.AllowMissingKey = true
+		c.Concurrency = 5
+		c.KeyFormat = conformance.KeyFormatRaw
+	})
+	if !rep.OK() || rep.Skipped != 3 {
 		t.Fatalf("report: %+v", rep)
 	}
+	reasons := map[string]string{
+		"client-deadline/the retry after a client deadline gets 409, never a second effect": "--slow-body",
+		"no-cached-5xx/the retry after a 5xx is not that 5xx replayed":                      "--fail-body",
+		"missing-key/a request without Idempotency-Key gets 400":                            "--allow-missing-key",
+	}
 	for _, a := range rep.Assertions {
-		if a.Status == conformance.Skip && a.Name == "client-deadline/the retry after a client deadline gets 409, never a second effect" &&
-			!strings.Contains(a.Seen, "--slow-body") {
+		if a.Status == conformance.Skip && !strings.Contains(a.Seen, reasons[a.Name]) || reasons[a.Name] == "" && a.Status == conformance.Skip {
 			t.Errorf("skip without its reason: %+v", a)
 		}
 	}
@@ -194,11 +319,11 @@ func TestSkipsWithReason(t *testing.T) {
 // (a) A claim by SELECT then INSERT, no unique constraint: two concurrent
 // requests both see no row and both execute. A gate holds the first miss of
 // the concurrent key until a second request has missed too, so the race
-// happens on every run.
+// happens on every run. It replays by status and body, with no marker.
 func TestCatchesSelectThenInsert(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, exampletool.Config{}, func(w *world) http.Handler {
-		if _, err := w.db.Pool.Exec(context.Background(), `CREATE TABLE naive_keys (key text NOT NULL, request text NOT NULL, response text)`); err != nil {
+		if _, err := w.db.Pool.Exec(context.Background(), `CREATE TABLE naive_keys (key text NOT NULL, request text NOT NULL, code int, response text)`); err != nil {
 			t.Fatal(err)
 		}
 		var mu sync.Mutex
@@ -223,9 +348,8 @@ func TestCatchesSelectThenInsert(t *testing.T) {
 				rw.WriteHeader(http.StatusConflict)
 				return
 			case err == nil:
-				rw.Header().Set("Idempotency-Replayed", "true")
 				rw.WriteHeader(http.StatusCreated)
-				fmt.Fprintf(rw, `{"ok":true,"idempotent_replay":true,"original_response":%s}`, *resp)
+				fmt.Fprint(rw, *resp)
 				return
 			case !errors.Is(err, pgx.ErrNoRows):
 				rw.WriteHeader(http.StatusServiceUnavailable)
@@ -255,52 +379,39 @@ func TestCatchesSelectThenInsert(t *testing.T) {
 			out := fmt.Sprintf(`{"ticket_id":%q}`, id)
 			_, _ = w.db.Pool.Exec(ctx, `UPDATE naive_keys SET response = $2 WHERE key = $1`, key, out)
 			rw.WriteHeader(http.StatusCreated)
-			fmt.Fprintf(rw, `{"ok":true,"idempotent_replay":false,"original_response":%s}`, out)
+			fmt.Fprint(rw, out)
 		})
 	})
-	rep := w.run(t, nil)
-	wantFailed(t, rep, "concurrent/exactly one effect", "concurrent/exactly one request executed")
+	rep := w.run(t, func(c *conformance.Config) { c.KeyFormat = conformance.KeyFormatRaw })
 	if n := w.tickets(t, "conformance-test:concurrent"); n < 2 {
 		t.Fatalf("the broken server should have double-executed: %d tickets", n)
 	}
-	if got := failed(rep); len(got) != 2 {
-		t.Errorf("only the concurrency assertions should fail, failed: %q", got)
-	}
+	onlyFailed(t, rep, "concurrent/exactly one request executed", "concurrent/the answers 2xx are one answer and its replays")
 }
 
-// (b) A server that stores every outcome, a 500 included, and replays it:
-// the sink fails after the ticket is written (the effect exists), and the
-// 500 is then replayed instead of the key being left for the reconciler.
-func TestCatchesCached500(t *testing.T) {
+// (b) A server that stores every outcome, a 5xx included, and replays it:
+// no-cached-5xx fails, and only it. When its 5xx is the same for every
+// request (no error id), a replay cannot be told from a second failure:
+// skipped with that reason, never passed.
+func TestCatchesCached5xx(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, exampletool.Config{}, func(w *world) http.Handler {
-		var mu sync.Mutex
-		stored := map[string][]byte{}
-		return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-			key := r.Header.Get("Idempotency-Key")
-			if key == "" {
-				rw.WriteHeader(http.StatusBadRequest)
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if b, ok := stored[key]; ok {
-				rw.Header().Set("Idempotency-Replayed", "true")
-				rw.WriteHeader(http.StatusInternalServerError)
-				fmt.Fprintf(rw, `{"ok":false,"idempotent_replay":true,"original_response":%s}`, b)
-				return
-			}
-			if _, err := w.db.Pool.Exec(r.Context(), `INSERT INTO tickets (idempotency_key, title, account_id) VALUES ($1, 't', 'a')`, key); err != nil {
-				rw.WriteHeader(http.StatusServiceUnavailable)
-				return
-			}
-			stored[key] = []byte(`{"error":"ticket store timed out"}`)
-			rw.WriteHeader(http.StatusInternalServerError)
-			fmt.Fprintf(rw, `{"ok":false,"idempotent_replay":false,"original_response":%s}`, stored[key])
+	const name = "no-cached-5xx/the retry after a 5xx is not that 5xx replayed"
+	for _, fixed := range []bool{false, true} {
+		w := newWorld(t, exampletool.Config{}, func(w *world) http.Handler {
+			return &draftServer{sink: w.db.Pool, cache5xx: true, fixed5xx: fixed, keys: map[string]*draftEntry{}}
 		})
-	})
-	rep := w.run(t, func(c *conformance.Config) { c.Concurrency = 5 })
-	wantFailed(t, rep, "no-cached-5xx/a 5xx is never stored and replayed", "same-key-twice/first answer 2xx, not a replay")
+		rep := w.run(t, func(c *conformance.Config) {
+			c.Concurrency = 5
+			c.FailBody = json.RawMessage(`{"title":"fail","account_id":"A-9"}`)
+		})
+		if !fixed {
+			onlyFailed(t, rep, name)
+			continue
+		}
+		if !rep.OK() || status(rep, name) != conformance.Skip {
+			t.Errorf("a cached 5xx that is the same for every request: want %s skipped, got %s; failed %q", name, status(rep, name), failed(rep))
+		}
+	}
 }
 
 // (c) A server whose ledger ignores the fingerprint: it remembers the first
@@ -328,19 +439,76 @@ func TestCatchesIgnoredFingerprint(t *testing.T) {
 			real.ServeHTTP(rw, r)
 		})
 	})
-	rep := w.run(t, func(c *conformance.Config) { c.Concurrency = 5 })
-	wantFailed(t, rep, "other-arguments/the key with other arguments gets 422")
-	if got := failed(rep); len(got) != 1 {
-		t.Errorf("only the fingerprint assertion should fail, failed: %q", got)
+	rep := w.run(t, func(c *conformance.Config) { c.Concurrency = 5; c.KeyFormat = conformance.KeyFormatRaw })
+	onlyFailed(t, rep, "other-arguments/the key with other arguments gets 422")
+}
+
+// A dead URL, a wrong one (404) and a probe that cannot answer stop the run
+// before the battery: an error wrapping ErrNotReached, no assertion.
+func TestStopsWhenNothingCanBeJudged(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, exampletool.Config{}, nil)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	unknown := probes.ProbeFunc(func(context.Context, probes.Key) probes.Result {
+		return probes.Result{Verdict: probes.Unknown, Err: errors.New("sink unreachable")}
+	})
+	for _, c := range []struct {
+		name, url string
+		probe     probes.Probe
+		want      string
+	}{
+		{"dead URL", deadURL + "/tools/create_ticket", nil, "cannot reach the tool endpoint"},
+		{"wrong URL", w.srv.URL + "/tools/create_tickets", nil, "answered 404 Not Found"},
+		{"wrong method", w.srv.URL + "/v1/tickets", nil, "answered 405 Method Not Allowed"},
+		{"dead probe", w.srv.URL + "/tools/create_ticket", unknown, "sink unreachable"},
+	} {
+		probe := c.probe
+		if probe == nil {
+			probe = buildProbe(t, w.srv.URL)
+		}
+		rep, err := conformance.Run(context.Background(), conformance.Config{URL: c.url, Tool: exampletool.Tool, Probe: probe,
+			KeyPrefix: "stop:" + c.name + ":", Body: json.RawMessage(body), KeyFormat: conformance.KeyFormatRaw, Timeout: 5 * time.Second})
+		if !errors.Is(err, conformance.ErrNotReached) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") || len(rep.Assertions) != 0 {
+			t.Errorf("%s: err = %v, %d assertions; want one line with %q wrapping ErrNotReached, no assertion", c.name, err, len(rep.Assertions), c.want)
+		}
 	}
 }
 
 // A configuration the battery cannot run with is an error, not a report.
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	_, err := conformance.Run(context.Background(), conformance.Config{URL: "http://x", Tool: "t",
-		Probe: probes.ProbeFunc(func(context.Context, probes.Key) probes.Result { return probes.Result{} }), Body: json.RawMessage(`[1]`)})
-	if err == nil || !strings.Contains(err.Error(), "--other-body") {
-		t.Fatalf("err = %v", err)
+	probe := probes.ProbeFunc(func(context.Context, probes.Key) probes.Result { return probes.Result{} })
+	for _, c := range []struct {
+		cfg  conformance.Config
+		want string
+	}{
+		{conformance.Config{URL: "http://x", Tool: "t", Probe: probe, Body: json.RawMessage(`[1]`)}, "--other-body"},
+		{conformance.Config{URL: "http://x", Tool: "t", Probe: probe, Body: json.RawMessage(body), Profile: "draft-06"}, `profile "draft-06"`},
+		{conformance.Config{URL: "http://x", Tool: "t", Probe: probe, Body: json.RawMessage(body), KeyFormat: "token"}, `key format "token"`},
+		{conformance.Config{URL: "http://x", Tool: "t", Probe: probe, Body: json.RawMessage(body), KeyPrefix: "a\nb"}, "not printable ASCII"},
+		{conformance.Config{URL: "http://x", Tool: "t", Probe: probe, Body: json.RawMessage(body), FailBody: json.RawMessage(`{`)}, "fail body: not valid JSON"},
+	} {
+		_, err := conformance.Run(context.Background(), c.cfg)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("err = %v, want %q", err, c.want)
+		}
+	}
+}
+
+// Print keeps one line per assertion whatever the evidence holds: a body
+// or an error with newlines is escaped.
+func TestPrintOneLinePerAssertion(t *testing.T) {
+	t.Parallel()
+	rep := conformance.Report{Profile: conformance.ProfileDraft07, KeyFormat: conformance.KeyFormatSFString, KeyPrefix: "p:",
+		Assertions: []conformance.Assertion{{Status: conformance.Fail, Name: "a/b", Seen: "no answer: line one\nline two"}}, Failed: 1}
+	var out bytes.Buffer
+	if err := conformance.Print(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 2 || lines[0] != `FAIL a/b: no answer: line one\nline two` || !strings.Contains(lines[1], "profile draft-07, keys sf-string") {
+		t.Fatalf("output:\n%s", out.String())
 	}
 }

@@ -57,15 +57,20 @@ func conformanceServer(t *testing.T, ignoreArgs bool) (*httptest.Server, *pgtest
 
 const conformanceBody = `{"title":"Printer on fire","account_id":"A-7"}`
 
-// `conformance` on the demo's configuration passes the example tool server:
-// exit 0, one line per assertion, keys under the prefix, one ticket each.
+// `conformance --profile ledgerkeeper` on the demo's configuration passes
+// the example tool server, markers included: exit 0, one line per
+// assertion, keys under the prefix, one ticket each. The default profile
+// with --key-format raw (ledger.Middleware takes the header's bytes as the
+// key) passes it too, without the marker assertions.
 func TestConformancePassesExampleTool(t *testing.T) {
 	srv, db := conformanceServer(t, false)
 	cfg := writeFile(t, "demo.yaml", string(demoConfig))
 	code, out, stderr := cli(t, "conformance", srv.URL+"/tools/create_ticket", "--tool", "create_ticket", "--config", cfg,
-		"--body", conformanceBody, "--key-prefix", "ci-1:")
-	if code != 0 || strings.Contains(out, "FAIL ") || !strings.Contains(out, "PASS concurrent/exactly one effect: verdict found") ||
-		!strings.Contains(out, "SKIP client-deadline/") || !strings.Contains(out, "--slow-body") {
+		"--body", conformanceBody, "--key-prefix", "ci-1:", "--profile", "ledgerkeeper")
+	if code != 0 || strings.Contains(out, "FAIL ") || !strings.Contains(out, "PASS concurrent/exactly one request executed: verdict found") ||
+		!strings.Contains(out, "PASS ledgerkeeper/same-key-twice/second answer says idempotent_replay true") ||
+		!strings.Contains(out, "SKIP client-deadline/") || !strings.Contains(out, "--slow-body") || !strings.Contains(out, "--fail-body") ||
+		!strings.Contains(out, "(profile ledgerkeeper, keys raw; keys ci-1:*)") {
 		t.Fatalf("conformance: %d\n%s\n%s", code, out, stderr)
 	}
 	var n int
@@ -76,6 +81,12 @@ func TestConformancePassesExampleTool(t *testing.T) {
 		t.Fatalf("keys under the prefix = %d (%v), want 3", n, err)
 	}
 	t.Logf("conformance on the example tool:\n%s", out)
+
+	code, out, stderr = cli(t, "conformance", srv.URL+"/tools/create_ticket", "--tool", "create_ticket", "--config", cfg,
+		"--body", conformanceBody, "--key-prefix", "ci-2:", "--key-format", "raw", "--concurrency", "5")
+	if code != 0 || strings.Contains(out, "FAIL ") || strings.Contains(out, "ledgerkeeper/") || !strings.Contains(out, "(profile draft-07, keys raw;") {
+		t.Fatalf("conformance --key-format raw: %d\n%s\n%s", code, out, stderr)
+	}
 }
 
 // A server that ignores the fingerprint: exit 1, the failed assertion named;
@@ -84,24 +95,43 @@ func TestConformanceFailsNamingTheAssertion(t *testing.T) {
 	srv, _ := conformanceServer(t, true)
 	cfg := writeFile(t, "demo.yaml", string(demoConfig))
 	code, out, stderr := cli(t, "conformance", srv.URL+"/tools/create_ticket", "--tool", "create_ticket", "--config", cfg,
-		"--body", conformanceBody, "--concurrency", "5", "--json")
+		"--body", conformanceBody, "--concurrency", "5", "--key-format", "raw", "--json")
 	if code != 1 {
 		t.Fatalf("exit %d, want 1\n%s\n%s", code, out, stderr)
 	}
 	var rep struct {
 		KeyPrefix  string `json:"key_prefix"`
+		Profile    string `json:"profile"`
+		KeyFormat  string `json:"key_format"`
 		Failed     int    `json:"failed"`
 		Assertions []struct{ Status, Name, Seen string }
 	}
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("not one JSON document: %v\n%s", err, out)
 	}
-	if rep.Failed != 1 || !strings.HasPrefix(rep.KeyPrefix, "conformance-") {
+	if rep.Failed != 1 || !strings.HasPrefix(rep.KeyPrefix, "conformance-") || rep.Profile != "draft-07" || rep.KeyFormat != "raw" {
 		t.Fatalf("report: %+v", rep)
 	}
 	for _, a := range rep.Assertions {
-		if a.Status == "FAIL" && (a.Name != "other-arguments/the key with other arguments gets 422" || !strings.Contains(a.Seen, "201 replay")) {
+		if a.Status == "FAIL" && (a.Name != "other-arguments/the key with other arguments gets 422" || !strings.HasPrefix(a.Seen, "201 ")) {
 			t.Errorf("unexpected failure %+v", a)
+		}
+	}
+}
+
+// A dead URL stops before the battery: one error on stderr, nothing on
+// stdout, exit 1.
+func TestConformanceDeadURLIsOneError(t *testing.T) {
+	srv, _ := conformanceServer(t, false)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL + "/tools/create_ticket"
+	dead.Close()
+	cfg := writeFile(t, "demo.yaml", string(demoConfig))
+	for _, url := range []string{deadURL, srv.URL + "/tools/nope"} {
+		code, out, stderr := cli(t, "conformance", url, "--tool", "create_ticket", "--config", cfg, "--body", conformanceBody)
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		if code != 1 || out != "" || len(lines) != 1 || !strings.HasPrefix(lines[0], "ledgerkeeper: conformance: ") || !strings.HasSuffix(lines[0], "nothing was judged") {
+			t.Errorf("%s: exit %d, want 1 with one error line\nstdout: %q\nstderr: %q", url, code, out, stderr)
 		}
 	}
 }
@@ -119,6 +149,9 @@ func TestConformanceUsage(t *testing.T) {
 		{[]string{"conformance", srv.URL, "--tool", "charge_card", "--body", conformanceBody}, `unknown tool "charge_card"`},
 		{[]string{"conformance", "ftp://x", "--tool", "create_ticket", "--body", conformanceBody}, "not an http(s) URL"},
 		{[]string{"conformance", srv.URL, "--tool", "create_ticket", "--body", `[1]`}, "--other-body"},
+		{[]string{"conformance", srv.URL, "--tool", "create_ticket", "--body", conformanceBody, "--profile", "draft-06"}, `--profile "draft-06"`},
+		{[]string{"conformance", srv.URL, "--tool", "create_ticket", "--body", conformanceBody, "--key-format", "token"}, `--key-format "token"`},
+		{[]string{"conformance", srv.URL, "--tool", "create_ticket", "--body", conformanceBody, "--fail-body", "{"}, "fail body: not valid JSON"},
 	} {
 		code, out, stderr := cli(t, append(c.args, "--config", cfg)...)
 		if code != 2 || !strings.Contains(stderr, c.want) {
@@ -183,18 +216,19 @@ func TestConformanceMCP(t *testing.T) {
 	cfg := writeFile(t, "demo.yaml", string(demoConfig))
 	url := mcpConformanceServer(t, true)
 	code, out, stderr := cli(t, "conformance", url, "--mcp-tool", "open_ticket", "--tool", "create_ticket", "--config", cfg,
-		"--body", conformanceBody, "--concurrency", "8")
-	if code != 0 || strings.Contains(out, "FAIL ") || !strings.Contains(out, "PASS concurrent/exactly one effect: verdict found") {
+		"--body", conformanceBody, "--concurrency", "8", "--profile", "ledgerkeeper")
+	if code != 0 || strings.Contains(out, "FAIL ") || !strings.Contains(out, "PASS concurrent/exactly one call executed: verdict found") ||
+		!strings.Contains(out, `PASS ledgerkeeper/same-key-twice/second result has _meta["ledgerkeeper/idempotentReplay"] true`) {
 		t.Fatalf("conformance on an mcpkey tool: %d\n%s\n%s", code, out, stderr)
 	}
 	url = mcpConformanceServer(t, false)
 	code, out, stderr = cli(t, "conformance", url, "--mcp-tool", "open_ticket", "--tool", "create_ticket", "--config", cfg,
 		"--body", conformanceBody, "--concurrency", "8")
 	for _, want := range []string{
-		`FAIL same-key-twice/second result has _meta["ledgerkeeper/idempotentReplay"] true`,
+		"FAIL same-key-twice/second call gets the first result replayed (same content)",
 		"FAIL same-key-twice/one effect: verdict duplicate",
-		"FAIL concurrent/exactly one call executed",
-		"FAIL concurrent/exactly one effect: verdict duplicate",
+		"FAIL concurrent/exactly one call executed: verdict duplicate",
+		"FAIL missing-key/a call without _meta.idempotencyKey is refused",
 	} {
 		if code != 1 || !strings.Contains(out, want) {
 			t.Errorf("unprotected MCP tool: exit %d, want 1 with %q\n%s\n%s", code, want, out, stderr)
