@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -301,7 +302,8 @@ func (s *SocketMode) ack(ctx context.Context, client *socketmode.Client, req soc
 // the seen-set: its envelope ID (Slack's redelivery of one envelope) and
 // the interaction's own identity (the same click in another envelope):
 // who, what, and Slack's trigger and action timestamps, which differ for
-// every click.
+// every click, and a form's values, which differ between a submission
+// sent back with errors and the corrected one.
 func deliveryIDs(req socketmode.Request, cb slack.InteractionCallback) []string {
 	var ids []string
 	if req.EnvelopeID != "" {
@@ -322,6 +324,12 @@ func deliveryIDs(req socketmode.Request, cb slack.InteractionCallback) []string 
 	}
 	field(cb.View.ID)
 	field(cb.View.Hash)
+	if cb.View.State != nil {
+		// A form sent back with errors keeps its id and hash: what was
+		// typed tells its second submission from a redelivery of the first.
+		state, _ := json.Marshal(cb.View.State.Values) // maps: sorted keys, the same bytes for the same values
+		field(string(state))
+	}
 	field(cb.Container.MessageTs)
 	if cb.TriggerID == "" && cb.ActionTs == "" && len(cb.ActionCallback.BlockActions) == 0 && cb.View.ID == "" {
 		// Nothing that tells two clicks apart: the raw payload does.

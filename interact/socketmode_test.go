@@ -215,6 +215,15 @@ func TestSocketModeAckCarriesTheAnswer(t *testing.T) {
 	if k, _ := ledger.Get(context.Background(), db.Pool, key); k.Status != ledger.StatusProcessing {
 		t.Errorf("key is %s after a refused form", k.Status)
 	}
+	// The form corrected and submitted again (the same view id and hash,
+	// other values) is a new submission, not a redelivery of the first.
+	sock.Deliver(t, conn, "env-3", slacktest.ViewSubmission(t, opened[0], smOperator, map[string]map[string]string{"reason": {"reason": "checked downstream: never happened"}}))
+	if ack := sock.WaitAcks(t, "env-3", 1, testwait.Timeout)[0]; len(ack.Payload) != 0 && string(ack.Payload) != "null" {
+		t.Errorf("corrected form acknowledged with %s, want an empty acknowledgement (the form closes)", ack.Payload)
+	}
+	if k, _ := ledger.Get(context.Background(), db.Pool, key); k.Status != ledger.StatusFailedRetryable {
+		t.Errorf("key is %s after the corrected form was acknowledged, want failed_retryable", k.Status)
+	}
 }
 
 // Slack's disconnect (it recycles connections) is followed by a new
