@@ -553,8 +553,9 @@ type DryRunReport struct {
 	ExpiredProcessing     int64 `json:"expired_processing"`
 	ExpiredProcessingHeld int64 `json:"expired_processing_held"`
 	// WouldAlert lists the first expired processing keys a pass would
-	// alert (unless alerted within renotify_after), at most
-	// MaxAlertsPerPass; empty, never null, when there is none.
+	// alert, at most MaxAlertsPerPass, those alerted within renotify_after
+	// included (a pass skips them: the dry run does not read alert_state);
+	// empty, never null, when there is none.
 	WouldAlert []store.ExpiredKey `json:"would_alert"`
 	// Tables counts the daemon-table rows a pass would delete, in the order
 	// a pass trims them.

@@ -127,7 +127,7 @@ counted as an attempt); purge and alert delivery stop at once.`,
 					return checkSchema(ctx, pool)
 				},
 				Jobs: []daemon.Job{
-					daemon.ReconcileJob(a.cfg.Schedule.Reconcile, eng, logger),
+					daemon.ReconcileJob(a.cfg.Schedule.Reconcile, eng, logger.With("component", "reconcile")),
 					{Name: "purge", Spec: a.cfg.Schedule.Purge, Timeout: a.cfg.Retention.MaxDuration + a.cfg.Retention.MaxDuration/2, Run: func(ctx context.Context) error {
 						_, err := purger.RunOnce(ctx)
 						return err

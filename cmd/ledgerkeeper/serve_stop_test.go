@@ -145,6 +145,10 @@ http:
 	if pass["stopped"] != true {
 		t.Errorf("reconcile pass line does not say stopped: %v", pass)
 	}
+	// runbook.md, "Logs": a service's lines carry component.
+	if pass["component"] != "reconcile" {
+		t.Errorf("reconcile pass line without component=reconcile: %v", pass)
+	}
 	if s, ok := jsonLines(t, logs, "jobs asked to stop: a reconcile pass leases no more keys, its probes in flight may finish within the grace")[0]["shutdown_timeout"].(float64); !ok || s != 30 {
 		t.Errorf("shutdown_timeout logged as %v; want 30 (seconds)", s)
 	}
