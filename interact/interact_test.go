@@ -32,6 +32,7 @@ const (
 	hAlice   = "U0ALICE" // every action
 	hBob     = "U0BOB"   // inspect only
 	hMallory = "U0MALLORY"
+	hCarol   = "U0CAROL" // inspect and hold
 	hTool    = "create_ticket"
 )
 
@@ -61,6 +62,7 @@ func newRig(t *testing.T) *rig {
 		Operators: map[string]Operator{
 			hAlice: {Name: "alice"},
 			hBob:   {Name: "bob", Actions: []Action{ActionInspect}},
+			hCarol: {Name: "carol <ops>", Actions: []Action{ActionInspect, ActionHold}},
 		},
 		Windows:  hWindows,
 		Redactor: red,
@@ -592,8 +594,10 @@ func TestReplayedRequestIsRefused(t *testing.T) {
 }
 
 // A Slack user not in the operators list, or not allowed this action, is
-// told "not allowed"; the attempt is audited on the key (actor
-// slack:<user id>) and nothing else changes: no form, no hold, no status.
+// told exactly what is missing: not listed at all, or listed without this
+// action (naming the actions they have); the attempt is audited on the key
+// (actor slack:<user id>, saying the same) and nothing else changes: no
+// form, no hold, no status.
 func TestUnknownUserIsRefusedAndAudited(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
@@ -601,17 +605,31 @@ func TestUnknownUserIsRefusedAndAudited(t *testing.T) {
 	r.putKey(t, key, ledger.StatusProcessing, time.Hour)
 	ts := r.alert(t, key)
 	before := r.state(t, key)
+	notListed := "is not in alerts.slack.operators, so you may take no action from Slack. Ask for it to be listed."
 	for _, tc := range []struct {
 		user, actionID string
+		says, audit    string
 	}{
-		{hMallory, alerts.ActionIDRetryable},
-		{hMallory, alerts.ActionIDInspect},
-		{hBob, alerts.ActionIDHold},
+		{hMallory, alerts.ActionIDRetryable,
+			"You are not allowed to mark retryable from Slack: your Slack user ID U0MALLORY " + notListed,
+			"Slack user U0MALLORY is not in alerts.slack.operators (tried: mark retryable)"},
+		{hMallory, alerts.ActionIDInspect,
+			"You are not allowed to inspect from Slack: your Slack user ID U0MALLORY " + notListed,
+			"Slack user U0MALLORY is not in alerts.slack.operators (tried: inspect)"},
+		{hBob, alerts.ActionIDHold,
+			"You are not allowed to hold from Slack: as bob (Slack user ID U0BOB) you may inspect, and hold is not among your actions in alerts.slack.operators. Ask for it to be added.",
+			"Slack user U0BOB (bob) lacks hold (has: inspect)"},
+		{hCarol, alerts.ActionIDStoreOutcome,
+			"You are not allowed to store outcome from Slack: as carol &lt;ops&gt; (Slack user ID U0CAROL) you may inspect or hold, and store outcome is not among your actions in alerts.slack.operators. Ask for it to be added.",
+			"Slack user U0CAROL (carol <ops>) lacks store outcome (has: inspect, hold)"},
 	} {
 		r.click(t, tc.user, ts, r.control(t, ts, tc.actionID, key))
-		if reply := r.lastReply(t); !strings.Contains(reply, "not allowed") {
-			t.Errorf("%s %s: answer = %s", tc.user, tc.actionID, reply)
+		reply := r.lastReply(t)
+		if !strings.Contains(reply, tc.says) || !strings.Contains(reply, "Nothing changed; the attempt is in the key's audit trail.") {
+			t.Errorf("%s %s: answer = %s\nwant %s", tc.user, tc.actionID, reply, tc.says)
 		}
+		eq(t, tc.user+" "+tc.actionID+": audit row", r.db.Count(t, "reconcile_audit WHERE key = $1 AND action = $2 AND actor = $3 AND error = $4",
+			key, ActionSlackRefused, "slack:"+tc.user, tc.audit), 1)
 	}
 	// A form submitted by someone removed from the list since it opened.
 	r.click(t, hAlice, ts, r.control(t, ts, alerts.ActionIDRetryable, key))
@@ -621,9 +639,9 @@ func TestUnknownUserIsRefusedAndAudited(t *testing.T) {
 	}
 	eq(t, "key state", r.state(t, key), before)
 	eq(t, "forms opened", len(r.srv.Calls("views.open")), 1)
-	eq(t, "refusals audited", r.db.Count(t, "reconcile_audit WHERE key = $1 AND action = $2 AND verdict = 'operator'", key, ActionSlackRefused), 4)
+	eq(t, "refusals audited", r.db.Count(t, "reconcile_audit WHERE key = $1 AND action = $2 AND verdict = 'operator'", key, ActionSlackRefused), 5)
 	eq(t, "mallory's refusals", r.db.Count(t, "reconcile_audit WHERE key = $1 AND actor = $2", key, "slack:"+hMallory), 3)
-	eq(t, "audit rows", r.db.Count(t, "reconcile_audit WHERE key = $1", key), 4)
+	eq(t, "audit rows", r.db.Count(t, "reconcile_audit WHERE key = $1", key), 5)
 }
 
 // Two operators mark one key retryable at once (two forms submitted

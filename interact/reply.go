@@ -199,9 +199,11 @@ func withLine(blocks []slack.Block, line string) ([]slack.Block, bool) {
 // was attempted in the error column). It changes nothing else.
 const ActionSlackRefused = "slack_refused"
 
-// authorize says whether user may take action. A refusal is answered
-// ("not allowed"), logged and audited on the key (when it is in the
-// ledger: an audit trail is per key) and changes nothing else.
+// authorize says whether user may take action. A refusal is answered,
+// logged and audited on the key (when it is
+// in the ledger: an audit trail is per key) and changes nothing else. It
+// says exactly what is missing: a user not in Config.Operators is told
+// so; a listed one is told which action they lack and which they have.
 func (h *Handler) authorize(ctx context.Context, w where, user string, action Action, key string) (Operator, bool, error) {
 	op, known := h.cfg.Operators[user]
 	if known && op.may(action) {
@@ -210,15 +212,39 @@ func (h *Handler) authorize(ctx context.Context, w where, user string, action Ac
 		}
 		return op, true, nil
 	}
-	h.log.Warn("slack action refused: not allowed", "user", user, "action", string(action), "key", h.red.String(key))
-	what := fmt.Sprintf("Slack user %s is not allowed to %s", user, strings.ReplaceAll(string(action), "_", " "))
+	tried := actionWords(action)
+	var what, answer string
 	if !known {
-		what += " (not in alerts.slack.operators)"
+		h.log.Warn("slack action refused: user not in alerts.slack.operators", "user", user, "action", string(action), "key", h.red.String(key))
+		what = fmt.Sprintf("Slack user %s is not in alerts.slack.operators (tried: %s)", user, tried)
+		answer = fmt.Sprintf("You are not allowed to %s from Slack: your Slack user ID %s is not in alerts.slack.operators, so you may take no action from Slack. Ask for it to be listed. Nothing changed; the attempt is in the key's audit trail.",
+			tried, alerts.EscapeMrkdwn(user))
+	} else {
+		has := make([]string, len(op.Actions))
+		for i, a := range op.Actions {
+			has[i] = actionWords(a)
+		}
+		name := cmpStr(op.Name, user)
+		h.log.Warn("slack action refused: operator lacks the action", "user", user, "action", string(action), "allowed", strings.Join(has, ", "), "key", h.red.String(key))
+		what = fmt.Sprintf("Slack user %s (%s) lacks %s (has: %s)", user, name, tried, strings.Join(has, ", "))
+		answer = fmt.Sprintf("You are not allowed to %s from Slack: as %s (Slack user ID %s) you may %s, and %s is not among your actions in alerts.slack.operators. Ask for it to be added. Nothing changed; the attempt is in the key's audit trail.",
+			tried, alerts.EscapeMrkdwn(name), alerts.EscapeMrkdwn(user), orList(has), tried)
 	}
 	err := h.auditRefusal(ctx, key, user, what)
-	h.reply(ctx, w, user, fmt.Sprintf("You are not allowed to %s from Slack (your Slack user ID is %s): ask for it to be listed in alerts.slack.operators. Nothing changed; the attempt is in the key's audit trail.",
-		strings.ReplaceAll(string(action), "_", " "), alerts.EscapeMrkdwn(user)))
+	h.reply(ctx, w, user, answer)
 	return Operator{}, false, err
+}
+
+// actionWords is an action as a text says it ("mark retryable").
+func actionWords(a Action) string { return strings.ReplaceAll(string(a), "_", " ") }
+
+// orList joins actions for a sentence: "inspect", "inspect or hold",
+// "inspect, hold or release" (each one the user may take).
+func orList(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
 }
 
 func (h *Handler) auditRefusal(ctx context.Context, key, user, what string) error {
