@@ -135,7 +135,8 @@ func (p *pass) countAlerts(raised, resolved int) {
 // LogAttrs are the pass's counts as slog attributes, for the one Info line
 // serve logs per pass: keys decided, actions as a group (text logs read
 // actions.completed=2, JSON logs an object; never a Go map), alerts raised
-// and resolved, duration in seconds (a float, to the millisecond), and
+// and resolved, duration (a time.Duration, to the millisecond: the
+// daemon's JSON handler writes it in seconds, its text handler as "93ms"), and
 // withheld, given_back, out_of_time and stopped when they happened (a
 // stopped pass that gave back its keys says how many: keys=0 alone would
 // read as an idle pass).
@@ -149,7 +150,7 @@ func (r Report) LogAttrs() []any {
 		slog.Group("actions", actions...),
 		slog.Int("alerts_raised", r.AlertsRaised),
 		slog.Int("resolved_alerts", r.ResolvedAlerts),
-		slog.Float64("duration", r.Duration.Round(time.Millisecond).Seconds()),
+		slog.Duration("duration", r.Duration.Round(time.Millisecond)),
 	}
 	if r.Withheld > 0 {
 		attrs = append(attrs, slog.Int("withheld", r.Withheld))

@@ -135,13 +135,14 @@ func TestProbeOutlivingTheGraceIsGivenBack(t *testing.T) {
 }
 
 // The pass's log attributes: actions flattened (text logs never print a Go
-// map), duration in seconds in JSON.
+// map), duration a time.Duration (the daemon's handlers write it in one
+// form each: cmd/ledgerkeeper's TestLogDurationsHaveOneForm).
 func TestReportLogAttrs(t *testing.T) {
 	rep := reconcile.Report{Decided: 3, Actions: map[string]int{"completed": 2, "backoff": 1}, Duration: 1500 * time.Millisecond, Stopped: true, GivenBack: 4}
 	var text, js strings.Builder
 	slog.New(slog.NewTextHandler(&text, nil)).Info("reconcile pass", rep.LogAttrs()...)
 	slog.New(slog.NewJSONHandler(&js, nil)).Info("reconcile pass", rep.LogAttrs()...)
-	for _, want := range []string{"keys=3", "actions.backoff=1", "actions.completed=2", "duration=1.5", "stopped=true", "given_back=4"} {
+	for _, want := range []string{"keys=3", "actions.backoff=1", "actions.completed=2", "duration=1.5s", "stopped=true", "given_back=4"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text log lacks %s: %s", want, text.String())
 		}
@@ -149,7 +150,7 @@ func TestReportLogAttrs(t *testing.T) {
 	if strings.Contains(text.String(), "map[") {
 		t.Errorf("text log prints a Go map: %s", text.String())
 	}
-	if !strings.Contains(js.String(), `"actions":{"backoff":1,"completed":2}`) || !strings.Contains(js.String(), `"duration":1.5`) {
+	if !strings.Contains(js.String(), `"actions":{"backoff":1,"completed":2}`) || !strings.Contains(js.String(), `"duration":1500000000`) {
 		t.Errorf("JSON log: %s", js.String())
 	}
 }

@@ -92,7 +92,7 @@ func (a *app) load() error {
 	if err := level.UnmarshalText([]byte(cfg.Log.Level)); err != nil {
 		return usagef("--log-level: %v", err)
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: durationsToTheMillisecond}
 	var h slog.Handler = slog.NewTextHandler(a.stderr, opts)
 	if cfg.Log.Format == "json" {
 		h = slog.NewJSONHandler(a.stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: durationsInSeconds})
