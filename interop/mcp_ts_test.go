@@ -398,7 +398,9 @@ func requireNode(t *testing.T) string {
 	t.Logf("%s %s not installed in %s (found %q): npm ci", sdkPackage, want, clientDir, installed.Version)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, npm, "ci", "--no-audit", "--no-fund")
+	// --prefer-offline: the lockfile pins every package by integrity, so a
+	// cached copy needs no revalidation round trip.
+	cmd := exec.CommandContext(ctx, npm, "ci", "--no-audit", "--no-fund", "--prefer-offline")
 	cmd.Dir = clientDir
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("npm ci in %s (the pinned %s, from package-lock.json): %v\n%s", clientDir, sdkPackage, err, out)
