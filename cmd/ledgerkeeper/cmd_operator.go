@@ -61,8 +61,8 @@ func newInspectCmd(a *app) *cobra.Command {
 					fmt.Fprintf(a.stdout, "key %s: the row was purged after it expired (or deleted); its audit trail remains.\n", key)
 					printHistory(a, in.History)
 				}
-				return fmt.Errorf("no key %q in the ledger: purged after it expired (or deleted); its audit trail remains: %d entries, the newest %s by %s at %s",
-					key, len(in.History), last.Action, last.Actor, ts(last.CreatedAt))
+				return fmt.Errorf("no key %q in the ledger: purged after it expired (or deleted); its audit trail remains: %s, the newest %s by %s at %s",
+					key, plural(len(in.History), "entry", "entries"), last.Action, last.Actor, ts(last.CreatedAt))
 			}
 			if asJSON {
 				return a.writeJSON(inspection{Key: in.Key, State: in.State, Hold: in.Hold, History: in.History, Alerts: in.Alerts,

@@ -243,7 +243,13 @@ func printStatus(a *app, st statusReport) {
 	}
 	fmt.Fprintf(w, "\nHolds: %d\n", len(st.Holds))
 	for _, h := range st.Holds {
-		fmt.Fprintf(w, "  %s (%s, %s) held by %s since %s: %s\n", h.Key, h.Tool, h.Status, h.Actor, ts(h.CreatedAt), h.Reason)
+		where := "(" + h.Tool + ", " + h.Status + ")"
+		if h.Status == "" {
+			// A hold outlives its row (purge never deletes a held key,
+			// but a row deleted by hand leaves the hold behind).
+			where = "(no such key in the ledger: release the hold)"
+		}
+		fmt.Fprintf(w, "  %s %s held by %s since %s: %s\n", h.Key, where, h.Actor, ts(h.CreatedAt), h.Reason)
 	}
 	if len(st.Breakers) > 0 {
 		fmt.Fprintln(w, "\nCircuit breakers:")

@@ -33,6 +33,19 @@ func TestInspectPurgedAndJudged(t *testing.T) {
 		!strings.Contains(stderr, "audit trail remains: 2 entries, the newest release by bob") {
 		t.Fatalf("inspect of a purged key: %d %q %q", code, out, stderr)
 	}
+	// One entry is one entry; a hold whose row is gone says so in status.
+	stuckKey(t, db, "create_ticket", "gone-held", time.Hour)
+	if code, _, stderr := cli(t, "hold", "gone-held", "--reason", "kept", "--actor", "carol", "--database-url", db.URL); code != 0 {
+		t.Fatalf("hold: %d %s", code, stderr)
+	}
+	db.Exec(t, `DELETE FROM idempotency_keys WHERE key = 'gone-held'`)
+	if code, _, stderr := cli(t, "inspect", "gone-held", "--database-url", db.URL); code != 1 || !strings.Contains(stderr, "audit trail remains: 1 entry, the newest hold by carol") {
+		t.Fatalf("inspect of a purged key with one audit entry: %d %q", code, stderr)
+	}
+	if code, out, _ := cli(t, "status", "--database-url", db.URL); code != 0 ||
+		!strings.Contains(out, "gone-held (no such key in the ledger: release the hold) held by carol") || strings.Contains(out, "(, )") {
+		t.Fatalf("status of a hold without its row: %d\n%s", code, out)
+	}
 	code, out, _ = cli(t, "inspect", "young", "--database-url", db.URL)
 	if code != 0 || !strings.Contains(out, "processing (in flight") {
 		t.Fatalf("inspect of a young key: %d\n%s", code, out)
