@@ -97,7 +97,7 @@ func (h *Handler) blockActions(ctx context.Context, cb slack.InteractionCallback
 	w := whereOf(cb, act)
 	user := cb.User.ID
 	if key == "" || utf8.RuneCountInString(key) > maxKeyRunes {
-		h.reply(ctx, w, user, "That control names no key ledgerkeeper can act on: nothing changed.")
+		h.reply(w, user, "That control names no key ledgerkeeper can act on: nothing changed.")
 		return nil
 	}
 	if id == alerts.ActionIDPick {
@@ -117,7 +117,8 @@ func (h *Handler) blockActions(ctx context.Context, cb slack.InteractionCallback
 	case ActionRelease:
 		return h.release(ctx, w, user, op, key)
 	case ActionHold:
-		return h.openModal(ctx, cb.TriggerID, w, user, holdModal(key, w))
+		h.openModal(ctx, cb.TriggerID, w, user, holdModal(key, w))
+		return nil
 	case ActionRetryable, ActionStoreOutcome:
 		// Read first: the modal says what the retry will run, and a key
 		// settled since the alert (by the reconciler, the original attempt,
@@ -126,22 +127,24 @@ func (h *Handler) blockActions(ctx context.Context, cb slack.InteractionCallback
 		k, err := ledger.Get(ctx, h.cfg.Pool, key)
 		switch {
 		case errors.Is(err, ledger.ErrNotFound):
-			h.reply(ctx, w, user, explain(operator.ErrNoKey, key))
+			h.reply(w, user, explain(operator.ErrNoKey, key))
 			return nil
 		case err != nil:
-			h.replyFailed(ctx, w, user)
+			h.replyFailed(w, user)
 			return err
 		case k.Status == ledger.StatusCompleted:
-			h.reply(ctx, w, user, explain(&operator.RefusedError{Why: operator.RefusedFinal, Key: key, Tool: k.Tool, Status: k.Status}, key))
+			h.reply(w, user, explain(&operator.RefusedError{Why: operator.RefusedFinal, Key: key, Tool: k.Tool, Status: k.Status}, key))
 			return nil
 		case k.Status == ledger.StatusFailedRetryable && action == ActionRetryable:
-			h.reply(ctx, w, user, explain(&operator.RefusedError{Why: operator.RefusedAlreadyRetryable, Key: key, Tool: k.Tool, Status: k.Status}, key))
+			h.reply(w, user, explain(&operator.RefusedError{Why: operator.RefusedAlreadyRetryable, Key: key, Tool: k.Tool, Status: k.Status}, key))
 			return nil
 		}
 		if action == ActionRetryable {
-			return h.openModal(ctx, cb.TriggerID, w, user, retryableModal(k, w))
+			h.openModal(ctx, cb.TriggerID, w, user, retryableModal(k, w))
+		} else {
+			h.openModal(ctx, cb.TriggerID, w, user, outcomeModal(k, w))
 		}
-		return h.openModal(ctx, cb.TriggerID, w, user, outcomeModal(k, w))
+		return nil
 	}
 	return nil
 }
@@ -154,7 +157,7 @@ func (h *Handler) pick(ctx context.Context, w where, user, key string) error {
 		tool = k.Tool
 	}
 	text := "Actions on " + alerts.InlineCode(key, 400) + ":"
-	h.reply(ctx, w, user, text,
+	h.reply(w, user, text,
 		slack.NewSectionBlock(slack.NewTextBlockObject(slack.MarkdownType, text, false, true), nil, nil),
 		alerts.KeyActions(key, tool, alerts.OriginBlockID(w.Channel, w.TS)))
 	return nil
@@ -163,26 +166,33 @@ func (h *Handler) pick(ctx context.Context, w where, user, key string) error {
 func (h *Handler) release(ctx context.Context, w where, user string, op Operator, key string) error {
 	err := operator.Release(ctx, h.cfg.Pool, operator.ReleaseRequest{Key: key, Actor: actor(user), Note: "released " + byline(op)})
 	if err != nil && !errors.Is(err, operator.ErrNotHeld) {
-		h.replyFailed(ctx, w, user)
+		h.replyFailed(w, user)
 		return err
 	}
 	if err != nil {
-		h.reply(ctx, w, user, explain(err, key))
+		h.reply(w, user, explain(err, key))
 		return nil
 	}
-	h.reply(ctx, w, user, "Released "+alerts.InlineCode(key, 400)+": the reconciler may probe and decide it again, and purge may remove it once expired.")
-	h.annotate(ctx, w, fmt.Sprintf("%s released %s at %s", name(op), alerts.InlineCode(key, 300), h.clock()), "")
+	h.reply(w, user, "Released "+alerts.InlineCode(key, 400)+": the reconciler may probe and decide it again, and purge may remove it once expired.")
+	h.annotate(w, fmt.Sprintf("%s released %s at %s", name(op), alerts.InlineCode(key, 300), h.clock()), "")
 	return nil
 }
 
-func (h *Handler) openModal(ctx context.Context, trigger string, w where, user string, v slack.ModalViewRequest) error {
-	vctx, cancel := followUp(ctx)
-	defer cancel()
-	if _, err := h.cfg.Slack.OpenViewContext(vctx, trigger, v); err != nil {
-		h.reply(ctx, w, user, "Slack would not open the form (it must open within 3 seconds of the click): click again. Nothing changed.")
-		return fmt.Errorf("views.open: %w", err)
-	}
-	return nil
+// openModal opens a form with the click's trigger at once, beside the
+// acknowledgement rather than after it: the trigger expires TriggerTTL
+// after the click (Slack), so the call is retried only within that time,
+// and the user is told when the form could not open.
+func (h *Handler) openModal(ctx context.Context, trigger string, w where, user string, v slack.ModalViewRequest) {
+	deadline := receivedAt(ctx).Add(TriggerTTL)
+	h.goFollowUp(func() {
+		err := h.retry("views.open", deadline, func(ctx context.Context) error {
+			_, err := h.cfg.Slack.OpenViewContext(ctx, trigger, v)
+			return err
+		}, "user", user)
+		if err != nil {
+			h.sendReply(w, user, "Slack would not open the form (it must open within 3 seconds of the click): click again. Nothing changed.")
+		}
+	})
 }
 
 // name is an operator's name for a Slack text, escaped.

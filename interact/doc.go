@@ -61,8 +61,8 @@
 // operators acting on one key at once: the row lock and compare-and-set of
 // the operator package let one win; the other is told why nothing
 // happened. The answer (ephemeral, through the interaction's response_url,
-// else chat.postEphemeral) says in plain words what happened or why it was
-// refused. A resolve resolves the key's open alerts in its transaction
+// else chat.postEphemeral; sent after the acknowledgement, below) says in
+// plain words what happened or why it was refused. A resolve resolves the key's open alerts in its transaction
 // (operator.Resolve); a hold or release does not, as on the CLI.
 //
 // A form carries the key, the alert message (channel, ts) and the
@@ -86,9 +86,10 @@
 //
 // Only Slack users in Config.Operators may act, each optionally limited to
 // some actions (Operator.Actions; empty: all). Anyone else, at the click
-// and again at a form's submission, is answered "not allowed" (with their
-// user ID, to ask for it), logged, and audited on the key when it is in the
-// ledger: a reconcile_audit row with verdict "operator", action
+// and again at a form's submission, is answered "not allowed" saying
+// exactly what is missing (a user not in Config.Operators: their user ID
+// is not listed; a listed operator: the action they lack and the actions
+// they have), logged, and audited on the key when it is in the ledger: a reconcile_audit row with verdict "operator", action
 // ActionSlackRefused ("slack_refused"), actor slack:<user id> and what was
 // attempted. It changes nothing else: the key's status, hold and alerts
 // stay, and no self-check or decision reads that action.
@@ -111,10 +112,52 @@
 // can be submitted again). So the same action, delivered twice by a retry,
 // by both transports or to two replicas, is handled once, by one replica.
 //
-// Handle does its work before it returns, since a form's answer is its
-// acknowledgement: the operator package's transaction, then up to three
-// Slack calls (views.open, or the answer and the message's update), each
-// bounded by FollowUpTimeout and not cancelled when the request is.
+// # Acknowledged within Slack's 3 seconds
+//
+// Slack waits 3 seconds for an interaction's acknowledgement (the HTTP
+// response, or the Socket Mode ack) and shows the user an error after
+// that. Handle returns the acknowledgement once the interaction is
+// decided in the database, and never waits on Slack:
+//
+//	before the ack (database only)        after the ack (follow-ups: Slack)
+//	─────────────────────────────         ─────────────────────────────────
+//	signature, replay, seen-set claim     views.open (started at once)
+//	authorization; a refusal's audit row  the answer (response_url, else
+//	form validation → response_action       chat.postEphemeral)
+//	  errors / push (the confirmation)    the alert's update (conversations.
+//	operator.Hold / Release / Resolve       history, chat.update, else the
+//	  (one transaction, audited)            response_url's replace_original)
+//
+// The operator action happens before the ack, for three reasons. The
+// user is told "done" only by a follow-up, which exists only once the
+// action is committed with its audit row; a crash after the ack loses a
+// message, never the act or its audit. The ack of a form must carry its
+// errors or its confirmation, which need the database anyway. And the
+// seen-set claim precedes the act, so a second delivery of the same
+// interaction (a retry, both transports, two replicas, a Socket Mode
+// redelivery) acts at most once. Its latency is the database's
+// (milliseconds; bounded by Config.DecideTimeout, and not cancelled when
+// Slack hangs up), not Slack's: against a Slack answering every call in
+// 1.5 s, every kind of interaction was acknowledged within 70 ms over HTTP
+// and Socket Mode (TestEveryInteractionIsAcknowledgedWhileSlackIsSlow).
+//
+// A form cannot wait: its trigger_id opens it only within TriggerTTL (3
+// seconds) of the click, so views.open starts beside the acknowledgement,
+// is retried only within that time, and the user is told when it could
+// not open. The other follow-ups run after the ack on goroutines the
+// Handler owns, each attempt bounded by Config.FollowUpTimeout; a failure
+// that may pass (Slack's 5xx or 429, the network, a timeout) is retried
+// with back-off (internal/backoff; a 429's Retry-After) up to
+// Config.FollowUpAttempts, each failed attempt logged at Warn (redacted;
+// a response_url never), the last at Error; Slack's refusals
+// (expired_trigger_id, message_not_found, …) are not retried. A retried
+// alert update adds its line once.
+//
+// Stop (serve's services: after Socket Mode, before the listener shuts
+// down) refuses new interactions (HTTP 503, a Socket Mode envelope left
+// unacknowledged for Slack to redeliver; nothing done), waits for those in
+// hand and their follow-ups up to Config.StopGrace, then cancels what is
+// left, logged. Settle waits for the follow-ups (the demo, tests).
 //
 // # Secrets
 //

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/slack-go/slack"
 )
@@ -18,14 +19,18 @@ const maxBody = 1 << 20
 // signature over the raw body with signingSecret (slack.NewSecretsVerifier:
 // HMAC-SHA256, timestamps more than 5 minutes off refused), refuses a
 // replayed request (its signature is remembered in the seen-set), parses
-// the payload form field and calls Handle. Refusals answer 401 (bad or
-// stale signature), 409 (replay), 400 (no payload), 405 and 413, each
-// before anything is read from or written to the ledger. The secret is
+// the payload form field and calls Handle, whose answer is the response:
+// the acknowledgement, sent as soon as the interaction is decided in the
+// database, never after a Slack call (Handle's follow-ups run after it).
+// Refusals answer 401 (bad or stale signature), 409 (replay), 400 (no
+// payload), 405 and 413, each before anything is read from or written to
+// the ledger, and 503 once Stop was called (nothing done). The secret is
 // never logged nor answered.
 // https://api.slack.com/authentication/verifying-requests-from-slack
 func (h *Handler) HTTPHandler(signingSecret string) http.Handler {
 	h.red.Register(signingSecret)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		received := time.Now()
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			http.Error(w, "POST only", http.StatusMethodNotAllowed)
@@ -55,6 +60,12 @@ func (h *Handler) HTTPHandler(signingSecret string) http.Handler {
 			http.Error(w, why, http.StatusUnauthorized)
 			return
 		}
+		if !h.fu.accepting() {
+			// Shutting down: nothing taken, so that Slack's user clicks
+			// again (on a replica still running).
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
 		// The signature covers timestamp and body: the same one twice is
 		// the same request replayed.
 		fresh, err := h.Claim(r.Context(), "req:"+r.Header.Get("X-Slack-Request-Timestamp")+":"+r.Header.Get("X-Slack-Signature"), SeenTTL)
@@ -79,7 +90,11 @@ func (h *Handler) HTTPHandler(signingSecret string) http.Handler {
 			http.Error(w, "payload is not an interaction", http.StatusBadRequest)
 			return
 		}
-		ack, err := h.Handle(r.Context(), cb)
+		ack, err := h.Handle(withReceived(r.Context(), received), cb)
+		if errors.Is(err, ErrStopped) {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
 		if err != nil {
 			h.log.Error("slack interaction failed", "type", string(cb.Type), "user", cb.User.ID, "err", h.red.Error(err))
 		}

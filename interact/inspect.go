@@ -26,15 +26,15 @@ const maxSection = 2900
 func (h *Handler) inspect(ctx context.Context, w where, user, key string) error {
 	in, err := operator.Inspect(ctx, h.cfg.Pool, operator.InspectRequest{Key: key, HistoryLimit: inspectHistory, Windows: h.cfg.Windows})
 	if errors.Is(err, operator.ErrNoKey) {
-		h.reply(ctx, w, user, explain(err, key))
+		h.reply(w, user, explain(err, key))
 		return nil
 	}
 	if err != nil {
-		h.replyFailed(ctx, w, user)
+		h.replyFailed(w, user)
 		return err
 	}
 	text, blocks := h.renderInspection(in, key)
-	h.reply(ctx, w, user, text, blocks...)
+	h.reply(w, user, text, blocks...)
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package interact
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -79,6 +80,26 @@ type Config struct {
 	// Now is the clock of the line added to an alert ("at 13:02 UTC"); nil:
 	// time.Now. Every judgement of the ledger uses the database's clock.
 	Now func() time.Time
+
+	// DecideTimeout bounds the database work an interaction does before it
+	// is acknowledged (the seen-set, the operator package's transaction);
+	// 0: DefaultDecideTimeout. It is not cancelled when Slack hangs up.
+	DecideTimeout time.Duration
+	// FollowUpTimeout bounds one attempt of a follow-up (an answer, the
+	// alert's update, a form); 0: DefaultFollowUpTimeout. A form must open
+	// within TriggerTTL of the interaction whatever this says.
+	FollowUpTimeout time.Duration
+	// FollowUpAttempts is how many times a follow-up that failed for a
+	// reason that may pass (Slack's 5xx, 429, the network) is tried; 0:
+	// DefaultFollowUpAttempts; 1: no retry.
+	FollowUpAttempts int
+	// FollowUpBackoffBase and FollowUpBackoffMax shape the waits between
+	// attempts (base·2^n capped at max, ±10%; a 429's Retry-After,
+	// capped at max); 0: the defaults.
+	FollowUpBackoffBase, FollowUpBackoffMax time.Duration
+	// StopGrace is how long Stop lets the follow-ups in hand finish before
+	// it cancels them; 0: DefaultStopGrace.
+	StopGrace time.Duration
 }
 
 // DefaultResponseTimeout bounds one post to a response_url when
@@ -86,13 +107,16 @@ type Config struct {
 const DefaultResponseTimeout = 5 * time.Second
 
 // Handler handles Slack interactions on alert messages. It is safe for
-// concurrent use; it starts no goroutine.
+// concurrent use. What it tells Slack after an interaction (answers, the
+// alert's update, forms) runs on goroutines it owns, after the
+// acknowledgement; Stop waits for them (see the package documentation).
 type Handler struct {
 	cfg  Config
 	http *http.Client
 	log  *slog.Logger
 	red  *secret.Redactor
 	now  func() time.Time
+	fu   followUps
 }
 
 // New builds a Handler, or says which required setting is missing or
@@ -111,7 +135,14 @@ func New(cfg Config) (*Handler, error) {
 			}
 		}
 	}
+	cfg.DecideTimeout = cmp.Or(cfg.DecideTimeout, DefaultDecideTimeout)
+	cfg.FollowUpTimeout = cmp.Or(cfg.FollowUpTimeout, DefaultFollowUpTimeout)
+	cfg.FollowUpAttempts = cmp.Or(cfg.FollowUpAttempts, DefaultFollowUpAttempts)
+	cfg.FollowUpBackoffBase = cmp.Or(cfg.FollowUpBackoffBase, DefaultFollowUpBackoffBase)
+	cfg.FollowUpBackoffMax = cmp.Or(cfg.FollowUpBackoffMax, DefaultFollowUpBackoffMax)
+	cfg.StopGrace = cmp.Or(cfg.StopGrace, DefaultStopGrace)
 	h := &Handler{cfg: cfg, http: cfg.HTTPClient, log: cfg.Logger, red: cfg.Redactor, now: cfg.Now}
+	h.fu.ctx, h.fu.cancel = context.WithCancel(context.Background())
 	if h.http == nil {
 		h.http = &http.Client{Timeout: DefaultResponseTimeout}
 	}
@@ -130,8 +161,25 @@ func New(cfg Config) (*Handler, error) {
 // clear). A payload already handled (the same click or submission
 // delivered twice, by a retry, two transports or two replicas) is
 // acknowledged and ignored. err is for the transport's log: what the user
-// should know has been answered to them already.
+// should know is answered to them (after the acknowledgement); ErrStopped
+// after Stop, when nothing was done.
+//
+// Handle returns once the interaction is decided and recorded in the
+// database (the seen-set, authorization and its audit, the operator
+// action); it never waits on Slack: answers, the alert's update and a
+// form (views.open, started at once, within TriggerTTL) are follow-ups
+// that run after it returns.
 func (h *Handler) Handle(ctx context.Context, cb slack.InteractionCallback) (ack any, err error) {
+	if !h.fu.enter() {
+		return nil, ErrStopped
+	}
+	defer h.fu.leave()
+	received := receivedAt(ctx)
+	// The decision is ours to finish once taken: not cut short when Slack
+	// hangs up the request.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.DecideTimeout)
+	defer cancel()
+	ctx = context.WithValue(ctx, receivedKey{}, received)
 	switch cb.Type {
 	case slack.InteractionTypeBlockActions:
 		return nil, h.blockActions(ctx, cb)
@@ -140,6 +188,22 @@ func (h *Handler) Handle(ctx context.Context, cb slack.InteractionCallback) (ack
 	}
 	// view_closed, shortcuts and the like: nothing of ours.
 	return nil, nil
+}
+
+type receivedKey struct{}
+
+// withReceived records in ctx when a transport received an interaction,
+// so that a form opens within TriggerTTL of that moment; Handle takes
+// time.Now without it.
+func withReceived(ctx context.Context, at time.Time) context.Context {
+	return context.WithValue(ctx, receivedKey{}, at)
+}
+
+func receivedAt(ctx context.Context) time.Time {
+	if at, ok := ctx.Value(receivedKey{}).(time.Time); ok {
+		return at
+	}
+	return time.Now()
 }
 
 // actor is the audit trail's name for a Slack user: exactly slack:<user id>.

@@ -21,6 +21,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/slacktest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
 	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
@@ -51,12 +52,13 @@ type rig struct {
 	logs *syncLog
 }
 
-func newRig(t *testing.T) *rig {
+// newRig builds a rig; opts change the Handler's configuration.
+func newRig(t *testing.T, opts ...func(*Config)) *rig {
 	t.Helper()
 	r := &rig{db: pgtest.New(t), srv: slacktest.New(t, hToken), logs: &syncLog{}}
 	red := secret.New()
 	red.Register(hToken)
-	h, err := New(Config{
+	cfg := Config{
 		Pool:  r.db.Pool,
 		Slack: r.srv.Client(hToken),
 		Operators: map[string]Operator{
@@ -68,13 +70,18 @@ func newRig(t *testing.T) *rig {
 		Redactor: red,
 		Logger:   slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Now:      func() time.Time { return time.Date(2026, 12, 1, 13, 2, 0, 0, time.UTC) },
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	h, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.h = h
 	r.http = httptest.NewServer(h.HTTPHandler(hSecret))
 	t.Cleanup(r.http.Close)
+	defer t.Cleanup(h.Stop) // first of the cleanups: the follow-ups end before the checks
 	t.Cleanup(func() {
 		// Secrets never travel: not in logs, replies or messages.
 		var all strings.Builder
@@ -195,6 +202,8 @@ func (r *rig) sendBody(t *testing.T, body []byte, secret string, at time.Time) (
 	return r.do(t, req)
 }
 
+// do sends req and returns the status and the acknowledgement body, once
+// the interaction's follow-ups (answers, updates, forms) are done.
 func (r *rig) do(t *testing.T, req *http.Request) (int, string) {
 	t.Helper()
 	resp, err := r.http.Client().Do(req)
@@ -203,7 +212,18 @@ func (r *rig) do(t *testing.T, req *http.Request) (int, string) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	settle(t, r.h)
 	return resp.StatusCode, string(b)
+}
+
+// settle waits, up to testwait.Timeout, for h's follow-ups to be done.
+func settle(t *testing.T, h *Handler) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(bg, testwait.Timeout)
+	defer cancel()
+	if err := h.Settle(ctx); err != nil {
+		t.Fatalf("follow-ups not done within %s: %v", testwait.Timeout, err)
+	}
 }
 
 // click sends user's click on the control and requires a 200.
@@ -573,10 +593,12 @@ func TestReplayedRequestIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(other.Stop)
 	for _, h := range []*Handler{r.h, other} {
 		if _, err := h.Handle(bg, cb); err != nil {
 			t.Fatal(err)
 		}
+		settle(t, h)
 	}
 	eq(t, "release audit rows", r.db.Count(t, "reconcile_audit WHERE key = $1 AND action = 'release'", key), 1)
 	eq(t, "answers", len(r.srv.Calls("response_url")), 1)
@@ -589,6 +611,7 @@ func TestReplayedRequestIsRefused(t *testing.T) {
 	if ack, err := other.Handle(bg, sub); err != nil || ack == nil || ack.(*slack.ViewSubmissionResponse).ResponseAction != slack.RAClear {
 		t.Fatalf("second delivery: %v, %v", ack, err)
 	}
+	settle(t, other)
 	eq(t, "hold audit rows", r.db.Count(t, "reconcile_audit WHERE key = $1 AND action = 'hold'", key), 2)
 	eq(t, "answers", len(r.srv.Calls("response_url")), 2)
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -17,28 +18,39 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
 )
 
-// reply answers user alone: through the response_url when the interaction
-// gave one, else chat.postEphemeral in the alert's channel. A failure is
-// logged: the action's effect, if any, is in the ledger and the message.
-func (h *Handler) reply(ctx context.Context, w where, user, text string, blocks ...slack.Block) {
-	ctx, cancel := followUp(ctx)
-	defer cancel()
-	if w.ResponseURL != "" {
-		err := h.postResponse(ctx, w.ResponseURL, map[string]any{
-			"response_type": "ephemeral", "replace_original": false, "text": text, "blocks": replyBlocks(text, blocks),
-		})
-		if err == nil {
-			return
+// reply answers user alone, after the acknowledgement (a follow-up,
+// retried): through the response_url when the interaction gave one, else
+// (or when it fails) chat.postEphemeral in the alert's channel. A failure
+// is logged: the action's effect, if any, is in the ledger already.
+func (h *Handler) reply(w where, user, text string, blocks ...slack.Block) {
+	h.goFollowUp(func() { h.sendReply(w, user, text, blocks...) })
+}
+
+// sendReply is reply on the calling follow-up's goroutine.
+func (h *Handler) sendReply(w where, user, text string, blocks ...slack.Block) {
+	_ = h.retry("reply", time.Time{}, func(ctx context.Context) error {
+		var errs []error
+		if w.ResponseURL != "" {
+			err := h.postResponse(ctx, w.ResponseURL, map[string]any{
+				"response_type": "ephemeral", "replace_original": false, "text": text, "blocks": replyBlocks(text, blocks),
+			})
+			if err == nil {
+				return nil
+			}
+			errs = append(errs, err)
 		}
-		h.log.Warn("slack reply through response_url failed", "user", user, "err", h.red.Error(err))
-	}
-	if w.Channel == "" {
-		return
-	}
-	_, err := h.cfg.Slack.PostEphemeralContext(ctx, w.Channel, user, slack.MsgOptionText(text, false), slack.MsgOptionBlocks(replyBlocks(text, blocks)...))
-	if err != nil {
-		h.log.Warn("slack reply through chat.postEphemeral failed", "user", user, "channel", w.Channel, "err", h.red.Error(err))
-	}
+		if w.Channel == "" {
+			if len(errs) == 0 {
+				return permanentError{"nowhere to answer: no response_url and no channel"}
+			}
+			return errors.Join(errs...)
+		}
+		_, err := h.cfg.Slack.PostEphemeralContext(ctx, w.Channel, user, slack.MsgOptionText(text, false), slack.MsgOptionBlocks(replyBlocks(text, blocks)...))
+		if err == nil {
+			return nil
+		}
+		return errors.Join(append(errs, fmt.Errorf("chat.postEphemeral: %w", err))...)
+	}, "user", user, "channel", w.Channel)
 }
 
 func replyBlocks(text string, blocks []slack.Block) []slack.Block {
@@ -48,48 +60,36 @@ func replyBlocks(text string, blocks []slack.Block) []slack.Block {
 	return []slack.Block{mrkdwn(text)}
 }
 
-// FollowUpTimeout bounds the Slack calls that follow an action (the
-// answer, the message's update): Slack waits 3 seconds for the
-// acknowledgement, which a transport sends once Handle returns.
-const FollowUpTimeout = 2 * time.Second
-
-// followUp is the context of a follow-up: bounded, and not cancelled with
-// the request (an action written must still be answered when Slack hangs
-// up the request early).
-func followUp(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), FollowUpTimeout)
-}
-
 // replyFailed tells the user an action failed on our side.
-func (h *Handler) replyFailed(ctx context.Context, w where, user string) {
-	h.reply(ctx, w, user, "That failed inside ledgerkeeper (its log says why); if anything was written, the audit trail shows it. Try again, or use the command line.")
+func (h *Handler) replyFailed(w where, user string) {
+	h.reply(w, user, "That failed inside ledgerkeeper (its log says why); if anything was written, the audit trail shows it. Try again, or use the command line.")
 }
 
 // postResponse posts one JSON message to a response_url (which is a
 // capability: it is never logged; the redactor masks Slack's hooks URLs).
-func (h *Handler) postResponse(ctx context.Context, url string, msg map[string]any) error {
+func (h *Handler) postResponse(ctx context.Context, responseURL string, msg map[string]any) error {
 	body, err := json.Marshal(msg)
 	if err != nil {
 		return fmt.Errorf("encode response: %w", err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, responseURL, bytes.NewReader(body))
 	if err != nil {
-		return errors.New("response_url is not a URL")
+		return permanentError{"response_url is not a URL"}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := h.http.Do(req)
 	if err != nil {
-		var ue interface{ Unwrap() error }
+		var ue *url.Error
 		if errors.As(err, &ue) {
 			// *url.Error names the URL: keep only the cause.
-			return fmt.Errorf("post to response_url: %w", ue.Unwrap())
+			return fmt.Errorf("post to response_url: %w", ue.Err)
 		}
 		return fmt.Errorf("post to response_url: %w", err)
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("post to response_url: HTTP %d", resp.StatusCode)
+		return &responseStatusError{code: resp.StatusCode}
 	}
 	return nil
 }
@@ -102,26 +102,36 @@ const logBlockID = "lk_log"
 const maxContextElements = 10
 
 // annotate adds line to the alert message (who did what, when), keeping
-// its blocks: chat.update of the message at w.Channel and w.TS, else its
-// response_url with replace_original (a webhook's message). The blocks
-// are the click's, or read back (conversations.history) after a form. A
-// failure is logged: the action stands. settled names a key the action
-// settled (completed or failed_retryable): its buttons other than Inspect
-// leave the message, so nobody acts on it from a stale alert ("" for a
-// hold or a release, which settle nothing).
-func (h *Handler) annotate(ctx context.Context, w where, line, settled string) {
+// its blocks, after the acknowledgement (a follow-up, retried):
+// chat.update of the message at w.Channel and w.TS, else its response_url
+// with replace_original (a webhook's message). The blocks are the
+// click's, or read back (conversations.history) after a form. A failure is
+// logged: the action stands. settled names a key the action settled
+// (completed or failed_retryable): its buttons other than Inspect leave
+// the message, so nobody acts on it from a stale alert ("" for a hold or
+// a release, which settle nothing).
+func (h *Handler) annotate(w where, line, settled string) {
 	if w.Channel == "" || w.TS == "" {
 		return
 	}
-	ctx, cancel := followUp(ctx)
-	defer cancel()
+	h.goFollowUp(func() {
+		_ = h.retry("alert update", time.Time{}, func(ctx context.Context) error { return h.updateAlert(ctx, w, line, settled) },
+			"channel", w.Channel, "ts", w.TS)
+	})
+}
+
+// updateAlert is one attempt of annotate. A retry after an update that
+// went through but whose answer was lost adds nothing twice (withLine).
+func (h *Handler) updateAlert(ctx context.Context, w where, line, settled string) error {
 	blocks, text := w.blocks, w.text
 	if blocks == nil {
 		hist, err := h.cfg.Slack.GetConversationHistoryContext(ctx, &slack.GetConversationHistoryParameters{
 			ChannelID: w.Channel, Latest: w.TS, Oldest: w.TS, Inclusive: true, Limit: 1})
-		if err != nil || len(hist.Messages) == 0 || hist.Messages[0].Timestamp != w.TS {
-			h.log.Warn("slack alert message not updated: cannot read it back", "channel", w.Channel, "ts", w.TS, "err", h.red.Error(err))
-			return
+		if err != nil {
+			return fmt.Errorf("read the alert message back (conversations.history): %w", err)
+		}
+		if len(hist.Messages) == 0 || hist.Messages[0].Timestamp != w.TS {
+			return permanentError{"the alert message is not in its channel's history (deleted, or the bot lacks channels:history)"}
 		}
 		blocks, text = hist.Messages[0].Blocks.BlockSet, hist.Messages[0].Text
 	}
@@ -130,19 +140,24 @@ func (h *Handler) annotate(ctx context.Context, w where, line, settled string) {
 	}
 	blocks, ok := withLine(blocks, line)
 	if !ok {
-		h.log.Warn("slack alert message not updated: no room for another block", "channel", w.Channel, "ts", w.TS)
-		return
+		return permanentError{"the alert message has no room for another block"}
 	}
 	_, _, _, err := h.cfg.Slack.UpdateMessageContext(ctx, w.Channel, w.TS, slack.MsgOptionText(text, false), slack.MsgOptionBlocks(blocks...))
-	if err != nil && w.ResponseURL != "" && !w.Ephemeral {
+	if err == nil {
+		return nil
+	}
+	err = fmt.Errorf("chat.update: %w", err)
+	if w.ResponseURL != "" && !w.Ephemeral && !transient(err) {
 		// chat.update edits the bot's own messages only; an alert posted
 		// through an incoming webhook is replaced through the response_url
-		// of the click on it.
-		err = h.postResponse(ctx, w.ResponseURL, map[string]any{"replace_original": true, "text": text, "blocks": blocks})
+		// of the click on it. (A Slack in trouble is retried instead.)
+		rerr := h.postResponse(ctx, w.ResponseURL, map[string]any{"replace_original": true, "text": text, "blocks": blocks})
+		if rerr == nil {
+			return nil
+		}
+		return errors.Join(err, rerr)
 	}
-	if err != nil {
-		h.log.Warn("slack alert message not updated", "channel", w.Channel, "ts", w.TS, "err", h.red.Error(err))
-	}
+	return err
 }
 
 // withoutControls returns blocks without the buttons acting on key, Inspect
@@ -180,6 +195,11 @@ func withLine(blocks []slack.Block, line string) ([]slack.Block, bool) {
 	copy(out, blocks)
 	for i, b := range out {
 		if c, ok := b.(*slack.ContextBlock); ok && c.BlockID == logBlockID {
+			if n := len(c.ContextElements.Elements); n > 0 {
+				if last, ok := c.ContextElements.Elements[n-1].(*slack.TextBlockObject); ok && last.Text == line {
+					return out, true // already there: a retried update
+				}
+			}
 			els := append(append([]slack.MixedElement{}, c.ContextElements.Elements...), el)
 			if len(els) > maxContextElements {
 				els = els[len(els)-maxContextElements:]
@@ -199,8 +219,8 @@ func withLine(blocks []slack.Block, line string) ([]slack.Block, bool) {
 // was attempted in the error column). It changes nothing else.
 const ActionSlackRefused = "slack_refused"
 
-// authorize says whether user may take action. A refusal is answered,
-// logged and audited on the key (when it is
+// authorize says whether user may take action. A refusal is answered
+// (after the acknowledgement), logged and audited on the key (when it is
 // in the ledger: an audit trail is per key) and changes nothing else. It
 // says exactly what is missing: a user not in Config.Operators is told
 // so; a listed one is told which action they lack and which they have.
@@ -231,7 +251,7 @@ func (h *Handler) authorize(ctx context.Context, w where, user string, action Ac
 			tried, alerts.EscapeMrkdwn(name), alerts.EscapeMrkdwn(user), orList(has), tried)
 	}
 	err := h.auditRefusal(ctx, key, user, what)
-	h.reply(ctx, w, user, answer)
+	h.reply(w, user, answer)
 	return Operator{}, false, err
 }
 

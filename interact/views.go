@@ -195,27 +195,27 @@ func (h *Handler) viewSubmission(ctx context.Context, cb slack.InteractionCallba
 func (h *Handler) hold(ctx context.Context, m meta, user string, op Operator, reason string) error {
 	_, err := operator.Hold(ctx, h.cfg.Pool, operator.HoldRequest{Key: m.Key, Reason: reason + " " + byline(op), Actor: actor(user)})
 	if err != nil && !isAnswer(err) {
-		h.replyFailed(ctx, m.where, user)
+		h.replyFailed(m.where, user)
 		return err
 	}
 	if err != nil {
-		h.reply(ctx, m.where, user, explain(err, m.Key))
+		h.reply(m.where, user, explain(err, m.Key))
 		return nil
 	}
-	h.reply(ctx, m.where, user, alerts.InlineCode(m.Key, 400)+" is on hold: the reconciler neither probes nor decides it, purge keeps it and resolve refuses it, until someone releases it.")
-	h.annotate(ctx, m.where, fmt.Sprintf("%s put %s on hold at %s: %s", name(op), alerts.InlineCode(m.Key, 300), h.clock(), alerts.EscapeMrkdwn(oneLine(reason, 200))), "")
+	h.reply(m.where, user, alerts.InlineCode(m.Key, 400)+" is on hold: the reconciler neither probes nor decides it, purge keeps it and resolve refuses it, until someone releases it.")
+	h.annotate(m.where, fmt.Sprintf("%s put %s on hold at %s: %s", name(op), alerts.InlineCode(m.Key, 300), h.clock(), alerts.EscapeMrkdwn(oneLine(reason, 200))), "")
 	return nil
 }
 
 func (h *Handler) resolve(ctx context.Context, m meta, user string, op Operator, req operator.ResolveRequest, did string) error {
 	_, err := operator.Resolve(ctx, h.cfg.Pool, req)
 	if err != nil && !isAnswer(err) {
-		h.replyFailed(ctx, m.where, user)
+		h.replyFailed(m.where, user)
 		return err
 	}
-	h.reply(ctx, m.where, user, explainResolve(err, req))
+	h.reply(m.where, user, explainResolve(err, req))
 	if err == nil {
-		h.annotate(ctx, m.where, fmt.Sprintf("%s %s at %s", name(op), did, h.clock()), m.Key)
+		h.annotate(m.where, fmt.Sprintf("%s %s at %s", name(op), did, h.clock()), m.Key)
 	}
 	return nil
 }

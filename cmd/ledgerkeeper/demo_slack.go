@@ -50,6 +50,7 @@ func (d *demo) slackStep(ctx context.Context, windows operator.Windows) error {
 	if err != nil || in == nil || in.HTTP == nil {
 		return fmt.Errorf("demo Slack actions: %v (alerts.slack.interactive and signing_secret in demo.yaml)", err) //nolint:errorlint // err may be nil here (in or in.HTTP is nil): %w would print %!w(<nil>)
 	}
+	defer in.Handler.Stop()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -71,8 +72,17 @@ func (d *demo) slackStep(ctx context.Context, windows operator.Windows) error {
 	d.say("the alert about %s carries the buttons Inspect · Hold · Release · Mark retryable · Store outcome;", key)
 	d.say("serve answers their clicks at POST %s (signed with alerts.slack.signing_secret) or over Socket Mode (alerts.slack.app_token)", daemon.InteractionsPath)
 
+	// Each interaction is acknowledged first; what Slack is sent after it
+	// (answers, forms, the message's update) is awaited before it is shown.
+	send := func(cb slack.InteractionCallback) (int, error) {
+		code, err := d.slack.interact(ctx, endpoint, secret, cb)
+		if err != nil {
+			return code, err
+		}
+		return code, in.Handler.Settle(ctx)
+	}
 	click := func(user string) (int, error) {
-		return d.slack.interact(ctx, endpoint, secret, d.slack.blockActions(user, msg, alerts.ActionIDRetryable, key))
+		return send(d.slack.blockActions(user, msg, alerts.ActionIDRetryable, key))
 	}
 	code, err := click(demoStranger)
 	if err != nil {
@@ -90,7 +100,7 @@ func (d *demo) slackStep(ctx context.Context, windows operator.Windows) error {
 	}
 	d.say("%s (demo-oncall) clicks Mark retryable -> %d; ledgerkeeper asks for confirmation:\n%s", demoOperator, code, indent(viewText(view)))
 	const reason = "checked the refunds table: no refund for wf-4"
-	code, err = d.slack.interact(ctx, endpoint, secret, viewSubmission(demoOperator, view, reason))
+	code, err = send(viewSubmission(demoOperator, view, reason))
 	if err != nil {
 		return err
 	}

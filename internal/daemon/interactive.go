@@ -177,12 +177,19 @@ func (in *Interactivity) Routes() map[string]http.Handler {
 	return map[string]http.Handler{"POST " + InteractionsPath: in.HTTP}
 }
 
-// Services are the long-running parts Slack actions add to serve.
+// Services are the long-running parts Slack actions add to serve, in the
+// order they stop: Socket Mode first (it finishes the interactions in
+// hand), then the Handler (it sends their answers and updates, retried,
+// within its stop grace). The listener shuts down after both: a request
+// reaching /slack/interactions meanwhile is answered 503, nothing done.
 func (in *Interactivity) Services() []Service {
-	if in == nil || in.SocketMode == nil {
+	if in == nil {
 		return nil
 	}
-	return []Service{in.SocketMode}
+	if in.SocketMode == nil {
+		return []Service{in.Handler}
+	}
+	return []Service{in.SocketMode, in.Handler}
 }
 
 // LogAttrs describe the interactivity for serve's start-up line: the
