@@ -175,17 +175,16 @@ func (h *Handler) Settle(ctx context.Context) error {
 }
 
 // retry runs call until it succeeds, fails for good (a refusal Slack will
-// repeat), has been tried Config.FollowUpAttempts times, or would pass
-// deadline (zero: none); each attempt is bounded by FollowUpTimeout and
-// the waits between them back off (a rate limit's Retry-After is waited
-// instead, up to FollowUpBackoffMax). Every failed attempt is logged,
-// redacted; the last error is returned.
+// repeat), has been tried Config.FollowUpAttempts times, or a retry would
+// start after deadline (zero: none); each attempt is bounded by
+// FollowUpTimeout (not by deadline: a call that reached Slack in time may
+// be answered late, and cutting it short would report a failure that was
+// not) and the waits between them back off (a rate limit's Retry-After is
+// waited instead, up to FollowUpBackoffMax). Every failed attempt is
+// logged, redacted; the last error is returned.
 func (h *Handler) retry(what string, deadline time.Time, call func(context.Context) error, attrs ...any) error {
 	for n := 1; ; n++ {
 		ctx, cancel := context.WithTimeout(h.fu.ctx, h.cfg.FollowUpTimeout)
-		if !deadline.IsZero() {
-			ctx, cancel = withDeadline(ctx, cancel, deadline)
-		}
 		err := call(ctx)
 		cancel()
 		if err == nil {
@@ -211,11 +210,6 @@ func (h *Handler) retry(what string, deadline time.Time, call func(context.Conte
 			t.Stop()
 		}
 	}
-}
-
-func withDeadline(ctx context.Context, cancel context.CancelFunc, deadline time.Time) (context.Context, context.CancelFunc) {
-	dctx, dcancel := context.WithDeadline(ctx, deadline)
-	return dctx, func() { dcancel(); cancel() }
 }
 
 // retryWait says whether a failed attempt is worth another, and after how

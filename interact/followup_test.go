@@ -240,3 +240,24 @@ func TestTransientFailures(t *testing.T) {
 		}
 	}
 }
+
+// A Slack slower than the trigger's life itself: the click is still
+// acknowledged at once, and a views.open that reached Slack in time but
+// is answered after 3 s is waited for, not cut short and reported as a
+// form that did not open.
+func TestFormAnsweredLateIsNotReportedFailed(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	const key = "wf-fu:step-6"
+	r.putKey(t, key, ledger.StatusProcessing, time.Hour)
+	ts := r.alert(t, key)
+	r.srv.SetLatency(TriggerTTL + 500*time.Millisecond)
+	_, took := overHTTP(r)(t, r.srv.BlockActions(t, hAlice, hChannel, ts, r.control(t, ts, alerts.ActionIDHold, key)))
+	if took >= ackDeadline {
+		t.Errorf("acknowledged in %s with Slack answering in %s, past Slack's %s", took, TriggerTTL+500*time.Millisecond, ackDeadline)
+	}
+	settle(t, r.h)
+	eq(t, "views.open calls", len(r.srv.Calls("views.open")), 1)
+	eq(t, "answers (none: the form opened)", len(r.srv.Calls("response_url", "chat.postEphemeral")), 0)
+	eq(t, "failures logged", len(r.logLines("slack follow-up failed")), 0)
+}
