@@ -293,18 +293,24 @@ func redactURL(raw string) string {
 // unshownURL stands for a database URL redactURL cannot show safely.
 const unshownURL = "the configured database"
 
-// actor names who acts: --actor, else $USER, else the OS user.
+// actor names who acts from the command line in the audit trail and run
+// records: operator:NAME, NAME from --actor, else $USER, else the OS user,
+// the same form for every command (reconcile, purge, hold, release,
+// resolve, canaries), beside slack:<user id> and a replica's id.
 func actor(flag string) string {
-	if flag != "" {
-		return flag
+	name := flag
+	if name == "" {
+		name = os.Getenv("USER")
 	}
-	if u := os.Getenv("USER"); u != "" {
-		return u
+	if name == "" {
+		if u, err := user.Current(); err == nil {
+			name = u.Username
+		}
 	}
-	if u, err := user.Current(); err == nil {
-		return u.Username
+	if name == "" {
+		name = "unknown"
 	}
-	return "operator"
+	return "operator:" + strings.TrimPrefix(name, "operator:")
 }
 
 // writeJSON prints one JSON document on stdout, every string in it

@@ -259,7 +259,7 @@ func (a *app) probeable(tool string) error {
 // probeEngine builds the engine only to reach the probes and the
 // self-check exactly as the reconciler builds them; it is never run.
 func (a *app) probeEngine(ctx context.Context, pool *pgxpool.Pool) (*reconcile.Engine, io.Closer, error) {
-	eng, closer, err := daemon.BuildEngine(ctx, a.cfg, pool, a.registry(), "operator:"+actor(""), a.logger, nil)
+	eng, closer, err := daemon.BuildEngine(ctx, a.cfg, pool, a.registry(), actor(""), a.logger, nil)
 	if err != nil {
 		return nil, nil, &configError{err}
 	}

@@ -51,7 +51,7 @@ outbox for 'serve' to deliver.`,
 				return err
 			}
 			defer pool.Close()
-			p := expiry.New(daemon.PurgeConfig(a.cfg, "operator:"+actor("")), pool, a.logger.With("component", "purge"), nil)
+			p := expiry.New(daemon.PurgeConfig(a.cfg, actor("")), pool, a.logger.With("component", "purge"), nil)
 			if dryRun {
 				rep, err := p.DryRun(ctx)
 				if err != nil {

@@ -54,7 +54,7 @@ Safe to run while 'serve' replicas run: leases keep each key to one prober.`,
 			}
 			defer pool.Close()
 			who := actor(actorFlag)
-			eng, closer, err := daemon.BuildEngine(ctx, a.cfg, pool, a.registry(), "operator:"+who, a.logger, nil)
+			eng, closer, err := daemon.BuildEngine(ctx, a.cfg, pool, a.registry(), who, a.logger, nil)
 			if err != nil {
 				return &configError{err}
 			}
@@ -173,7 +173,7 @@ func (a *app) deliverAlerts(ctx context.Context, pool *pgxpool.Pool) *alerts.Rep
 	if err != nil {
 		a.logger.Error("alert delivery", "err", err)
 	}
-	recordAlertsRun(ctx, a, pool, "operator:"+actor(""), start, rep, err)
+	recordAlertsRun(ctx, a, pool, actor(""), start, rep, err)
 	return &rep
 }
 

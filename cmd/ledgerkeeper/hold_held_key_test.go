@@ -63,7 +63,7 @@ func TestHoldOfAHeldKey(t *testing.T) {
 	stuckKey(t, db, "create_ticket", "k", time.Minute)
 
 	code, out, stderr := cli(t, "hold", "k", "--reason", "checking with payments", "--actor", "alice", "--database-url", url)
-	if code != 0 || !strings.Contains(out, "key k is on hold (by alice: checking with payments)") {
+	if code != 0 || !strings.Contains(out, "key k is on hold (by operator:alice: checking with payments)") {
 		t.Fatalf("first hold: %d %q %q", code, out, stderr)
 	}
 	db.Exec(t, `UPDATE key_holds SET created_at = '2026-01-02T03:04:05Z' WHERE key = 'k'`)
@@ -82,7 +82,7 @@ func TestHoldOfAHeldKey(t *testing.T) {
 	if after := holdOf(t, db, "k"); after != before {
 		t.Fatalf("refused hold changed the hold: %+v -> %+v", before, after)
 	}
-	if a := holdAudits(t, db, "k"); len(a) != 1 || a[0].Actor != "alice" {
+	if a := holdAudits(t, db, "k"); len(a) != 1 || a[0].Actor != "operator:alice" {
 		t.Fatalf("hold audit after the refusal = %+v, want alice's only", a)
 	}
 
@@ -91,16 +91,16 @@ func TestHoldOfAHeldKey(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("hold --replace: %d %q %q", code, out, stderr)
 	}
-	for _, want := range []string{"key k is on hold (by bob: retrying by hand)", "replacing the hold by alice since 2026-01-02T03:04:05Z (checking with payments)"} {
+	for _, want := range []string{"key k is on hold (by operator:bob: retrying by hand)", "replacing the hold by operator:alice since 2026-01-02T03:04:05Z (checking with payments)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("hold --replace said %q, want %q", out, want)
 		}
 	}
-	if h := holdOf(t, db, "k"); h.Actor != "bob" || h.Reason != "retrying by hand" || !h.CreatedAt.After(before.CreatedAt) {
+	if h := holdOf(t, db, "k"); h.Actor != "operator:bob" || h.Reason != "retrying by hand" || !h.CreatedAt.After(before.CreatedAt) {
 		t.Fatalf("hold after --replace = %+v, want bob's, newer", h)
 	}
 	audits := holdAudits(t, db, "k")
-	if len(audits) != 2 || audits[1].Actor != "bob" || audits[1].Reason != "retrying by hand" {
+	if len(audits) != 2 || audits[1].Actor != "operator:bob" || audits[1].Reason != "retrying by hand" {
 		t.Fatalf("hold audit after --replace = %+v", audits)
 	}
 	var ev struct {
@@ -109,7 +109,7 @@ func TestHoldOfAHeldKey(t *testing.T) {
 			Since         time.Time
 		}
 	}
-	if err := json.Unmarshal(audits[1].Evidence, &ev); err != nil || ev.Replaced.Actor != "alice" || ev.Replaced.Reason != "checking with payments" || !ev.Replaced.Since.Equal(before.CreatedAt) {
+	if err := json.Unmarshal(audits[1].Evidence, &ev); err != nil || ev.Replaced.Actor != "operator:alice" || ev.Replaced.Reason != "checking with payments" || !ev.Replaced.Since.Equal(before.CreatedAt) {
 		t.Fatalf("replace evidence = %s (%v), want alice's hold", audits[1].Evidence, err)
 	}
 	if n := db.Count(t, "key_holds"); n != 1 {
@@ -119,7 +119,7 @@ func TestHoldOfAHeldKey(t *testing.T) {
 	// --replace on a key without a hold is a plain hold; the key must exist.
 	stuckKey(t, db, "create_ticket", "free", time.Minute)
 	code, out, _ = cli(t, "hold", "free", "--reason", "r", "--actor", "carol", "--replace", "--database-url", url)
-	if code != 0 || strings.Contains(out, "replacing") || holdOf(t, db, "free").Actor != "carol" {
+	if code != 0 || strings.Contains(out, "replacing") || holdOf(t, db, "free").Actor != "operator:carol" {
 		t.Fatalf("hold --replace of an unheld key: %d %q", code, out)
 	}
 	code, _, stderr = cli(t, "hold", "missing", "--reason", "r", "--replace", "--database-url", url)

@@ -30,7 +30,7 @@ func TestInspectPurgedAndJudged(t *testing.T) {
 	// The trail is shown (issue 10 item 6: no raw SQL needed), then exit 1.
 	if code != 1 || !strings.Contains(out, "key gone: the row was purged") || !strings.Contains(out, "History (2):") ||
 		!strings.Contains(out, "bob    0        operator  release") || !strings.Contains(stderr, `no key "gone" in the ledger: purged`) ||
-		!strings.Contains(stderr, "audit trail remains: 2 entries, the newest release by bob") {
+		!strings.Contains(stderr, "audit trail remains: 2 entries, the newest release by operator:bob") {
 		t.Fatalf("inspect of a purged key: %d %q %q", code, out, stderr)
 	}
 	// One entry is one entry; a hold whose row is gone says so in status.
@@ -39,11 +39,11 @@ func TestInspectPurgedAndJudged(t *testing.T) {
 		t.Fatalf("hold: %d %s", code, stderr)
 	}
 	db.Exec(t, `DELETE FROM idempotency_keys WHERE key = 'gone-held'`)
-	if code, _, stderr := cli(t, "inspect", "gone-held", "--database-url", db.URL); code != 1 || !strings.Contains(stderr, "audit trail remains: 1 entry, the newest hold by carol") {
+	if code, _, stderr := cli(t, "inspect", "gone-held", "--database-url", db.URL); code != 1 || !strings.Contains(stderr, "audit trail remains: 1 entry, the newest hold by operator:carol") {
 		t.Fatalf("inspect of a purged key with one audit entry: %d %q", code, stderr)
 	}
 	if code, out, _ := cli(t, "status", "--database-url", db.URL); code != 0 ||
-		!strings.Contains(out, "gone-held (no such key in the ledger: release the hold) held by carol") || strings.Contains(out, "(, )") {
+		!strings.Contains(out, "gone-held (no such key in the ledger: release the hold) held by operator:carol") || strings.Contains(out, "(, )") {
 		t.Fatalf("status of a hold without its row: %d\n%s", code, out)
 	}
 	code, out, _ = cli(t, "inspect", "young", "--database-url", db.URL)

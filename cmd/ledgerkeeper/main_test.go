@@ -392,7 +392,7 @@ func TestOperatorCommands(t *testing.T) {
 	var in struct {
 		History []struct{ Action, Actor string }
 	}
-	if code != 0 || json.Unmarshal([]byte(out), &in) != nil || len(in.History) != 2 || in.History[0].Actor != "alice" || in.History[1].Action != "release" {
+	if code != 0 || json.Unmarshal([]byte(out), &in) != nil || len(in.History) != 2 || in.History[0].Actor != "operator:alice" || in.History[1].Action != "release" {
 		t.Fatalf("inspect --json: %d %s", code, out)
 	}
 	if code, _, stderr = cli(t, "inspect", "nope", "--database-url", url); code != 1 || !strings.Contains(stderr, "no key") {

@@ -96,12 +96,12 @@ func TestProbeCanaryAddListRemove(t *testing.T) {
 
 	code, out, stderr := canary("add", "canary-1", "--tool", "create_ticket", "--reason", "ticket T-100, kept for the purpose",
 		"--request", `{"title":"canary","token":"`+probeSecret+`"}`, "--actor", "alice")
-	if code != 0 || out != "canary canary-1 added for tool create_ticket (by alice: ticket T-100, kept for the purpose); the self-check will probe it as a present-side witness\n" {
+	if code != 0 || out != "canary canary-1 added for tool create_ticket (by operator:alice: ticket T-100, kept for the purpose); the self-check will probe it as a present-side witness\n" {
 		t.Fatalf("add: %d\n%s\n%s", code, out, stderr)
 	}
 	// No --request: the ledger row's body; no --actor: $USER.
 	code, out, stderr = canary("add", "k-ledger", "--tool", "create_ticket", "--reason", "T-1 is never deleted, see "+probeSecret)
-	if code != 0 || !strings.HasPrefix(out, "canary k-ledger added for tool create_ticket (by carol: T-1 is never deleted, see [redacted])") {
+	if code != 0 || !strings.HasPrefix(out, "canary k-ledger added for tool create_ticket (by operator:carol: T-1 is never deleted, see [redacted])") {
 		t.Fatalf("add from the ledger: %d\n%s\n%s", code, out, stderr)
 	}
 	// Not in the ledger, no --request: added, with a note.
@@ -117,7 +117,7 @@ func TestProbeCanaryAddListRemove(t *testing.T) {
 	// A second add of the same canary: refused, naming the one in force.
 	before := snapshot(t, db)
 	code, out, stderr = canary("add", "canary-1", "--tool", "create_ticket", "--reason", "mine now", "--actor", "bob")
-	if code != 1 || out != "" || !strings.Contains(stderr, `refused: tool create_ticket already has canary "canary-1" (added by alice at `) ||
+	if code != 1 || out != "" || !strings.Contains(stderr, `refused: tool create_ticket already has canary "canary-1" (added by operator:alice at `) ||
 		!strings.Contains(stderr, "nothing changed") {
 		t.Fatalf("second add: %d\n%s\n%s", code, out, stderr)
 	}
@@ -129,10 +129,10 @@ func TestProbeCanaryAddListRemove(t *testing.T) {
 	}
 	for _, want := range []string{
 		"TOOL KEY SOURCE BY CREATED REQUEST BODY REASON",
-		"create_ticket canary-1 operator alice",
+		"create_ticket canary-1 operator operator:alice",
 		"stored ticket T-100, kept for the purpose",
-		"create_ticket k-ledger operator carol",
-		"create_ticket canary-bare operator carol",
+		"create_ticket k-ledger operator operator:carol",
+		"create_ticket canary-bare operator operator:carol",
 		"none r",
 	} {
 		if !says(out, want) {
@@ -151,7 +151,7 @@ func TestProbeCanaryAddListRemove(t *testing.T) {
 			t.Errorf("list --json entry %+v", c)
 		}
 	}
-	if c := doc.Canaries[byKey["canary-1"]]; c.Actor != "alice" || !c.HasRequestBody || !sameJSON(c.RequestBody, `{"title":"canary","token":"[redacted]"}`) {
+	if c := doc.Canaries[byKey["canary-1"]]; c.Actor != "operator:alice" || !c.HasRequestBody || !sameJSON(c.RequestBody, `{"title":"canary","token":"[redacted]"}`) {
 		t.Errorf("canary-1: %+v %s", c, c.RequestBody)
 	}
 	if c := doc.Canaries[byKey["canary-bare"]]; c.HasRequestBody || c.RequestBody != nil {
@@ -163,7 +163,7 @@ func TestProbeCanaryAddListRemove(t *testing.T) {
 	}
 
 	code, out, stderr = canary("remove", "canary-1", "--tool", "create_ticket", "--reason", "T-100 archived", "--actor", "bob")
-	if code != 0 || !strings.HasPrefix(out, "canary canary-1 removed from tool create_ticket (by bob: T-100 archived); it was added by alice at ") {
+	if code != 0 || !strings.HasPrefix(out, "canary canary-1 removed from tool create_ticket (by operator:bob: T-100 archived); it was added by operator:alice at ") {
 		t.Fatalf("remove: %d\n%s\n%s", code, out, stderr)
 	}
 	if n := db.Count(t, "probe_canaries WHERE key = 'canary-1'"); n != 0 {
@@ -177,11 +177,11 @@ func TestProbeCanaryAddListRemove(t *testing.T) {
 	sameSnapshot(t, "a refused remove", before, snapshot(t, db))
 
 	got := canaryAudit(t, db, "canary-1")
-	want := []string{"canary_added alice create_ticket: ticket T-100, kept for the purpose", "canary_removed bob create_ticket: T-100 archived"}
+	want := []string{"canary_added operator:alice create_ticket: ticket T-100, kept for the purpose", "canary_removed operator:bob create_ticket: T-100 archived"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("audit of canary-1:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if got := canaryAudit(t, db, "k-ledger"); len(got) != 1 || !strings.HasPrefix(got[0], "canary_added carol create_ticket: T-1 is never deleted") {
+	if got := canaryAudit(t, db, "k-ledger"); len(got) != 1 || !strings.HasPrefix(got[0], "canary_added operator:carol create_ticket: T-1 is never deleted") {
 		t.Errorf("audit of k-ledger: %q", got)
 	}
 }
@@ -242,7 +242,7 @@ func TestProbeCanaryListShowsConfiguredCanaries(t *testing.T) {
 		t.Fatalf("add: %d %s %s", code, out, stderr)
 	}
 	code, out, stderr := cli(t, "probe", "canary", "list", "--config", cfg, "--database-url", url)
-	if code != 0 || !says(out, "create_ticket stored operator alice") || !says(out, "create_ticket cfg-canary config - - stored -") ||
+	if code != 0 || !says(out, "create_ticket stored operator operator:alice") || !says(out, "create_ticket cfg-canary config - - stored -") ||
 		!says(out, "create_ticket cfg-bare config - - none -") || strings.Contains(out, probeSecret) {
 		t.Fatalf("list: %d\n%s\n%s", code, out, stderr)
 	}
