@@ -352,7 +352,7 @@ func (d *Dispatcher) logFailures(failures map[FailureClass][]failure, rep Report
 			continue
 		}
 		last := fs[len(fs)-1]
-		attrs := []any{"class", string(class), "messages", len(fs), "retry_in", last.delay.Round(time.Second).String(),
+		attrs := []any{"class", string(class), "messages", len(fs), "retry_in", last.delay.Round(time.Second),
 			"deferred", rep.Deferred, "err", last.err}
 		switch class {
 		case ClassPermanent:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -406,6 +407,9 @@ func TestPermanentErrorKeepsAlertsAndSurfaces(t *testing.T) {
 	logs := b.logs.String()
 	if n := strings.Count(logs, "level=ERROR"); n != 1 {
 		t.Errorf("%d error lines, want one per pass:\n%s", n, logs)
+	}
+	if k := b.logs.kind("retry_in"); k != slog.KindDuration {
+		t.Errorf("retry_in logged as %v, want a duration (JSON logs write seconds)", k)
 	}
 	if strings.Contains(logs, "SECRETTOKEN") || strings.Contains(h.LastError, "SECRETTOKEN") {
 		t.Error("the token leaked into a log or the stored error")

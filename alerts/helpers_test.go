@@ -227,6 +227,26 @@ func (c *clock) Advance(d time.Duration) {
 type logBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
+	// kinds records each attribute's slog kind by key: a duration must be
+	// logged as one (the daemon's JSON handler writes it in seconds), not
+	// as a string.
+	kinds map[string]slog.Kind
+}
+
+func (l *logBuffer) replaceAttr(_ []string, a slog.Attr) slog.Attr {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.kinds == nil {
+		l.kinds = map[string]slog.Kind{}
+	}
+	l.kinds[a.Key] = a.Value.Kind()
+	return a
+}
+
+func (l *logBuffer) kind(key string) slog.Kind {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.kinds[key]
 }
 
 func (l *logBuffer) Write(p []byte) (int, error) {
@@ -268,7 +288,7 @@ func (b *bundle) dispatcher(n Notifier, m *Metrics, mod ...func(*Config)) *Dispa
 	for _, f := range mod {
 		f(&cfg)
 	}
-	logger := slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	logger := slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug, ReplaceAttr: b.logs.replaceAttr}))
 	return New(b.db.Pool, cfg, n, logger, m)
 }
 
