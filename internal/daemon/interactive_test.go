@@ -3,10 +3,14 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const interactiveBase = `alerts:
@@ -186,5 +190,40 @@ func TestDaemonRoutesAndServices(t *testing.T) {
 	defer mu.Unlock()
 	if got := strings.Join(order, ", "); got != "start a, start b, stop a" {
 		t.Errorf("order: %s", got)
+	}
+}
+
+// Slack actions' services stop in this order: Socket Mode first (it
+// finishes the interactions in hand), then the Handler (it sends their
+// answers and updates); with the request URL alone, the Handler still is
+// a service, so its follow-ups are waited for at shutdown.
+func TestInteractivityServicesStopSocketModeFirst(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		transports string
+		want       []string
+	}{
+		{"    app_token: xapp-1-A0-secret-777\n    signing_secret: signing-secret-888\n", []string{"*interact.SocketMode", "*interact.Handler"}},
+		{"    signing_secret: signing-secret-888\n", []string{"*interact.Handler"}},
+	} {
+		c, err := settle(t, interactiveBase+"    interactive: true\n"+tc.transports+"    operators: {U012ABC: alice}\n", envOf(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		in, err := BuildInteractivity(c, new(pgxpool.Pool), nil, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, s := range in.Services() {
+			got = append(got, fmt.Sprintf("%T", s))
+		}
+		if strings.Join(got, ", ") != strings.Join(tc.want, ", ") {
+			t.Errorf("services %v, want %v", got, tc.want)
+		}
+		in.Handler.Stop()
+	}
+	if (*Interactivity)(nil).Services() != nil {
+		t.Error("services without Slack actions")
 	}
 }
