@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 
@@ -67,7 +68,9 @@ downstream that cannot be reached exits 1.`,
 				return err
 			}
 			var generic map[string]any
-			if err := json.Unmarshal(a.redactor().JSON(b), &generic); err != nil {
+			dec := json.NewDecoder(bytes.NewReader(a.redactor().JSON(b)))
+			dec.UseNumber() // 1048576 stays 1048576, not 1.048576e+06
+			if err := dec.Decode(&generic); err != nil {
 				return err
 			}
 			src := a.cfg.File
@@ -79,7 +82,7 @@ downstream that cannot be reached exits 1.`,
 			for _, l := range connected {
 				fmt.Fprintf(a.stdout, "# --connect: %s\n", l)
 			}
-			out, err := yaml.Marshal(generic)
+			out, err := yaml.Marshal(plainNumbers(generic))
 			if err != nil {
 				return err
 			}
@@ -92,4 +95,27 @@ downstream that cannot be reached exits 1.`,
 	cmd.AddCommand(check)
 	parentOnly(cmd, false)
 	return cmd
+}
+
+// plainNumbers turns the json.Numbers of a decoded document into int64
+// or float64, so that YAML prints them as numbers, integers in full.
+func plainNumbers(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = plainNumbers(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = plainNumbers(e)
+		}
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return n
+		}
+		if f, err := x.Float64(); err == nil {
+			return f
+		}
+	}
+	return v
 }

@@ -146,6 +146,15 @@ func TestConfigCheck(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, del+":6: tools.t.probe.query: query starts with \"DELETE\"") || strings.Contains(stderr, "pw@") {
 		t.Fatalf("DELETE probe: %d %q", code, stderr)
 	}
+	// The effective settings, as they are in force: a probe's defaults
+	// (never "self_check: {}"), integers in full.
+	probe := writeFile(t, "probe.yaml", "tools:\n  t:\n    probe:\n      type: http\n      url: \"http://tickets.internal/v1/tickets?key={key}\"\n")
+	code, out, stderr = cli(t, "config", "check", "--config", probe)
+	for _, want := range []string{"max_body_bytes: 1048576\n", "method: GET\n", "timeout: 5s\n", "self_check:\n                enabled: true\n                require_witness: true\n"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("config check of a probe lacks %q: %d\n%s\n%s", want, code, out, stderr)
+		}
+	}
 	// Flags after positional arguments work too.
 	code, _, _ = cli(t, "config", "check", "--config", good, "--json")
 	if code != 0 {

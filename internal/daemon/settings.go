@@ -45,9 +45,13 @@ func applyDefaults(c *config.Config) {
 		t.Concurrency = cmp.Or(t.Concurrency, c.Reconcile.Concurrency)
 		if t.Probe != nil {
 			t.Probe.Timeout = orDur(t.Probe.Timeout, probes.DefaultTimeout)
+			// config check prints what is in force, never "self_check: {}".
+			t.Probe.SelfCheck.Enabled = cmp.Or(t.Probe.SelfCheck.Enabled, ptr(true))
+			t.Probe.SelfCheck.RequireWitness = cmp.Or(t.Probe.SelfCheck.RequireWitness, ptr(true))
 			if t.Probe.Type == "http" {
 				t.Probe.Method = cmp.Or(strings.ToUpper(t.Probe.Method), "GET")
 				t.Probe.NotFoundOn404 = cmp.Or(t.Probe.NotFoundOn404, probes.NotFoundOn404JSON)
+				t.Probe.MaxBodyBytes = cmp.Or(t.Probe.MaxBodyBytes, probes.DefaultMaxBodyBytes)
 			}
 		}
 		c.Tools[name] = t
@@ -60,6 +64,8 @@ func applyDefaults(c *config.Config) {
 		c.Database.MaxConns = c.Reconcile.Concurrency + 4
 	}
 }
+
+func ptr[T any](v T) *T { return &v }
 
 func orDur(d config.Duration, def time.Duration) config.Duration {
 	if d == 0 {

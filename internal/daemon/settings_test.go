@@ -93,6 +93,11 @@ func TestSettleFull(t *testing.T) {
 	if ct.ProcessingWindow != 12*time.Second || ct.HeartbeatTimeout != 12*time.Second || ct.Probe.Timeout.D() != 3*time.Second {
 		t.Fatalf("create_ticket policy = %+v", ct)
 	}
+	// What is in force is printed: the self-check's switches, the body
+	// limit.
+	if sc := ct.Probe.SelfCheck; sc.Enabled == nil || !*sc.Enabled || sc.RequireWitness == nil || !*sc.RequireWitness || ct.Probe.MaxBodyBytes != 1<<20 {
+		t.Fatalf("create_ticket probe defaults: self_check %+v, max_body_bytes %d", sc, ct.Probe.MaxBodyBytes)
+	}
 	if got := ct.Probe.Headers["Authorization"].Reveal(); got != "Bearer tok-secret" {
 		t.Fatalf("header = %q", got)
 	}
