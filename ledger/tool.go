@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Outcome is what Claim found.
@@ -63,6 +64,15 @@ type ClaimResult struct {
 // Claim claims a key atomically. Exactly one of any number of concurrent
 // callers with the same key gets New; the others get InFlight, Replay or
 // FingerprintMismatch according to the row they find.
+//
+// A claim refused by a node that no longer takes writes (NothingWritten:
+// a read-only node after a role flip, a standby) is retried once on
+// another connection; on a pool that follows the primary (FollowPrimary)
+// that one is on the new primary. Any other failure is returned: when the
+// connection broke under the statement, whether the claim committed is
+// unknown, and the caller answers "try again" (Middleware: 503
+// ledger-unavailable) without running the tool. The retry then finds the
+// truth: the claim in flight (409) or none (a fresh claim).
 func Claim(ctx context.Context, db DBTX, p ClaimParams) (ClaimResult, error) {
 	return claimAs(ctx, db, p, claimFull)
 }
@@ -82,7 +92,12 @@ func claimAs(ctx context.Context, db DBTX, p ClaimParams, shape claimShape) (Cla
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
-	return claim(ctx, db, p, ttl, shape)
+	var res ClaimResult
+	err := retryWrite(ctx, db, func() (err error) {
+		res, err = claim(ctx, db, p, ttl, shape)
+		return err
+	})
+	return res, err
 }
 
 // claimShape is what a claim reads back: the whole row (Claim), or only
@@ -186,6 +201,11 @@ func nullJSON(b json.RawMessage) any {
 // A key the reconciler marked failed_retryable while this attempt was still
 // running (same claimed_at, not re-claimed since) is completed all the same:
 // the effect happened, and storing it prevents the retry that would redo it.
+//
+// Like Claim, a Complete refused by a node that no longer takes writes is
+// retried once on another connection. When it fails all the same (the
+// connection broke across a failover), the key stays processing and the
+// reconciler's probe finds the effect.
 func Complete(ctx context.Context, db DBTX, key string, claimedAt time.Time, code int, body json.RawMessage) error {
 	if err := validBody("response body", body); err != nil {
 		return err
@@ -193,7 +213,11 @@ func Complete(ctx context.Context, db DBTX, key string, claimedAt time.Time, cod
 	const q = `UPDATE idempotency_keys
 		SET status = 'completed', response_code = $3, response_body = $4, updated_at = now()
 		WHERE key = $1 AND claimed_at = $2 AND status IN ('processing', 'failed_retryable')`
-	tag, err := db.Exec(ctx, q, key, claimedAt, code, nullJSON(body))
+	var tag pgconn.CommandTag
+	err := retryWrite(ctx, db, func() (err error) {
+		tag, err = db.Exec(ctx, q, key, claimedAt, code, nullJSON(body))
+		return err
+	})
 	if err != nil {
 		return wrap("complete key", err)
 	}
