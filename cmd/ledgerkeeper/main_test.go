@@ -445,7 +445,12 @@ func TestDemo(t *testing.T) {
 		`wf-1 other body   -> 422 {"type":"https://ledgerkeeper.dev/problems/idempotency-key-reused"`,
 		`wf-2 retry        -> 409 {"type":"https://ledgerkeeper.dev/problems/idempotency-key-in-flight"`,
 		"2 message(s) posted",
-		"tickets in the sink: 5",
+		// Counted at the sink per workflow: one ticket per call, the
+		// planted duplicate apart.
+		"tickets in the sink: 5 (wf-1 1, wf-2 1, wf-3 1, wf-5 2)",
+		// inspect shows what inspect shows: the row, its state, its trail.
+		"-- 6. ledgerkeeper inspect wf-4:step-2:refund_payment --\nkey            wf-4:step-2:refund_payment",
+		"History (1):",
 		// The MCP step: one effect for two calls with one key.
 		`first call wf-6:step-1:add_note -> "note 1 added" replay=false`,
 		`retry      wf-6:step-1:add_note -> "note 1 added" replay=true`,
@@ -464,6 +469,9 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+	if n := strings.Count(out, "idempotency-key-in-flight"); n != 1 {
+		t.Errorf("the demo shows wf-2's 409 %d times, want once", n)
 	}
 	if strings.Contains(out+stderr, "demo-signing-secret-not-a-real-one") {
 		t.Error("the demo printed its signing secret")
