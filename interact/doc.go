@@ -67,9 +67,12 @@
 //
 // A form carries the key, the alert message (channel, ts) and the
 // response_url in its private_metadata, so the submission can answer and
-// update the message (read back with conversations.history, then
-// chat.update keeping its blocks: the bot needs channels:history, or
-// groups:history in a private channel, besides chat:write).
+// update the message. Every update reads the message back with
+// conversations.history, then chat.update keeps its blocks, one update of
+// a message at a time (so two quick actions each add their line): the bot
+// needs channels:history, or groups:history in a private channel, besides
+// chat:write; without it a button's update uses the copy of the message
+// its click carried, and a form's leaves the message as it is.
 //
 // # Grouped messages
 //

@@ -261,3 +261,31 @@ func TestFormAnsweredLateIsNotReportedFailed(t *testing.T) {
 	eq(t, "answers (none: the form opened)", len(r.srv.Calls("response_url", "chat.postEphemeral")), 0)
 	eq(t, "failures logged", len(r.logLines("slack follow-up failed")), 0)
 }
+
+// Two actions taken in quick succession from one alert (two keys of a
+// grouped message released, both clicks carrying the message as it was)
+// each add their line: the second update is made on the message as the
+// first left it, not on the copy its click carried.
+func TestQuickSuccessiveActionsKeepEveryLine(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	const k1, k2 = "wf-fu:step-7a", "wf-fu:step-7b"
+	for _, k := range []string{k1, k2} {
+		r.putKey(t, k, ledger.StatusProcessing, time.Hour)
+		r.hold(t, k, "x")
+	}
+	ts := r.alert(t, k1, k2)
+	first := r.srv.BlockActions(t, hAlice, hChannel, ts, r.control(t, ts, alerts.ActionIDRelease, k1))
+	second := r.srv.BlockActions(t, hAlice, hChannel, ts, r.control(t, ts, alerts.ActionIDRelease, k2))
+	r.srv.SetLatency(200 * time.Millisecond)
+	send := overHTTP(r)
+	send(t, first)
+	send(t, second) // acknowledged while the first update is still in flight
+	settle(t, r.h)
+	m, _ := r.srv.Message(hChannel, ts)
+	for _, k := range []string{k1, k2} {
+		if line := "alice released `" + k + "`"; strings.Count(string(m.Blocks), line) != 1 {
+			t.Errorf("alert has %q %d times, want once: %s", line, strings.Count(string(m.Blocks), line), m.Blocks)
+		}
+	}
+}

@@ -117,6 +117,7 @@ type Handler struct {
 	red  *secret.Redactor
 	now  func() time.Time
 	fu   followUps
+	msgs msgLocks // one update at a time per alert message
 }
 
 // New builds a Handler, or says which required setting is missing or

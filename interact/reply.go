@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/slack-go/slack"
@@ -104,17 +105,25 @@ const maxContextElements = 10
 // annotate adds line to the alert message (who did what, when), keeping
 // its blocks, after the acknowledgement (a follow-up, retried):
 // chat.update of the message at w.Channel and w.TS, else its response_url
-// with replace_original (a webhook's message). The blocks are the
-// click's, or read back (conversations.history) after a form. A failure is
-// logged: the action stands. settled names a key the action settled
-// (completed or failed_retryable): its buttons other than Inspect leave
-// the message, so nobody acts on it from a stale alert ("" for a hold or
-// a release, which settle nothing).
+// with replace_original (a webhook's message). A failure is logged: the
+// action stands. settled names a key the action settled (completed or
+// failed_retryable): its buttons other than Inspect leave the message, so
+// nobody acts on it from a stale alert ("" for a hold or a release, which
+// settle nothing).
+//
+// The updates of one message are made one at a time (in this process),
+// each on the message as it stands, read back with conversations.history:
+// two actions taken in quick succession from one alert each add their
+// line, neither overwriting the other's with the copy its click carried.
+// That copy is used only when the message cannot be read back (no
+// channels:history scope).
 func (h *Handler) annotate(w where, line, settled string) {
 	if w.Channel == "" || w.TS == "" {
 		return
 	}
 	h.goFollowUp(func() {
+		unlock := h.msgs.lock(w.Channel + "/" + w.TS)
+		defer unlock()
 		_ = h.retry("alert update", time.Time{}, func(ctx context.Context) error { return h.updateAlert(ctx, w, line, settled) },
 			"channel", w.Channel, "ts", w.TS)
 	})
@@ -124,16 +133,15 @@ func (h *Handler) annotate(w where, line, settled string) {
 // went through but whose answer was lost adds nothing twice (withLine).
 func (h *Handler) updateAlert(ctx context.Context, w where, line, settled string) error {
 	blocks, text := w.blocks, w.text
-	if blocks == nil {
-		hist, err := h.cfg.Slack.GetConversationHistoryContext(ctx, &slack.GetConversationHistoryParameters{
-			ChannelID: w.Channel, Latest: w.TS, Oldest: w.TS, Inclusive: true, Limit: 1})
-		if err != nil {
-			return fmt.Errorf("read the alert message back (conversations.history): %w", err)
-		}
-		if len(hist.Messages) == 0 || hist.Messages[0].Timestamp != w.TS {
-			return permanentError{"the alert message is not in its channel's history (deleted, or the bot lacks channels:history)"}
-		}
+	hist, err := h.cfg.Slack.GetConversationHistoryContext(ctx, &slack.GetConversationHistoryParameters{
+		ChannelID: w.Channel, Latest: w.TS, Oldest: w.TS, Inclusive: true, Limit: 1})
+	switch {
+	case err == nil && len(hist.Messages) > 0 && hist.Messages[0].Timestamp == w.TS:
 		blocks, text = hist.Messages[0].Blocks.BlockSet, hist.Messages[0].Text
+	case err != nil && (blocks == nil || transient(err)):
+		return fmt.Errorf("read the alert message back (conversations.history): %w", err)
+	case blocks == nil:
+		return permanentError{"the alert message is not in its channel's history (deleted, or the bot lacks channels:history)"}
 	}
 	if settled != "" {
 		blocks = withoutControls(blocks, settled)
@@ -142,7 +150,7 @@ func (h *Handler) updateAlert(ctx context.Context, w where, line, settled string
 	if !ok {
 		return permanentError{"the alert message has no room for another block"}
 	}
-	_, _, _, err := h.cfg.Slack.UpdateMessageContext(ctx, w.Channel, w.TS, slack.MsgOptionText(text, false), slack.MsgOptionBlocks(blocks...))
+	_, _, _, err = h.cfg.Slack.UpdateMessageContext(ctx, w.Channel, w.TS, slack.MsgOptionText(text, false), slack.MsgOptionBlocks(blocks...))
 	if err == nil {
 		return nil
 	}
@@ -158,6 +166,41 @@ func (h *Handler) updateAlert(ctx context.Context, w where, line, settled string
 		return errors.Join(err, rerr)
 	}
 	return err
+}
+
+// msgLocks serialises the updates of one message: a mutex per message
+// with updates pending, dropped when none is.
+type msgLocks struct {
+	mu sync.Mutex
+	m  map[string]*msgLock
+}
+
+type msgLock struct {
+	mu      sync.Mutex
+	waiters int
+}
+
+func (l *msgLocks) lock(id string) (unlock func()) {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[string]*msgLock{}
+	}
+	ml := l.m[id]
+	if ml == nil {
+		ml = &msgLock{}
+		l.m[id] = ml
+	}
+	ml.waiters++
+	l.mu.Unlock()
+	ml.mu.Lock()
+	return func() {
+		ml.mu.Unlock()
+		l.mu.Lock()
+		if ml.waiters--; ml.waiters == 0 {
+			delete(l.m, id)
+		}
+		l.mu.Unlock()
+	}
 }
 
 // withoutControls returns blocks without the buttons acting on key, Inspect
