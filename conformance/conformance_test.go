@@ -187,6 +187,32 @@ func failTitle(t *testing.T, w *world, title string) {
 	}
 }
 
+// The example tool server (ledger.Middleware) passes the default profile,
+// draft-07, keys sent as Structured Field Strings: the middleware reads the
+// quoted key's value (ledger.ParseKeyHeader), so the effects are found under
+// the bare key and key-format passes.
+func TestExampleToolPassesDraft07(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, exampletool.Config{}, nil)
+	failTitle(t, w, "fail")
+	rep := w.run(t, func(c *conformance.Config) {
+		c.FailBody = json.RawMessage(`{"title":"fail","account_id":"A-9"}`)
+	})
+	if !rep.OK() || rep.Profile != conformance.ProfileDraft07 || rep.KeyFormat != conformance.KeyFormatSFString {
+		for _, a := range rep.Assertions {
+			if a.Status != conformance.Pass {
+				t.Logf("%s %s: %s", a.Status, a.Name, a.Seen)
+			}
+		}
+		t.Fatalf("the example tool server should pass draft-07: %+v", rep)
+	}
+	for _, k := range []string{"same-key-twice", "other-arguments", "concurrent"} {
+		if n := w.tickets(t, "conformance-test:"+k); n != 1 {
+			t.Errorf("sink holds %d tickets for %s under the unquoted key, want 1", n, k)
+		}
+	}
+}
+
 // The example tool server (ledger.Middleware) passes every assertion of
 // the ledgerkeeper profile, its markers included, the client deadline and
 // the deliberate 5xx too (a title the sink refuses: the middleware stores

@@ -74,6 +74,7 @@ const (
 	ProblemBase              = "https://ledgerkeeper.dev/problems/"
 	ProblemKeyMissing        = ProblemBase + "idempotency-key-missing"
 	ProblemKeyTooLong        = ProblemBase + "idempotency-key-too-long"
+	ProblemKeyInvalid        = ProblemBase + "idempotency-key-invalid"
 	ProblemKeyReused         = ProblemBase + "idempotency-key-reused"
 	ProblemKeyInFlight       = ProblemBase + "idempotency-key-in-flight"
 	ProblemBodyInvalid       = ProblemBase + "request-body-invalid"
@@ -121,8 +122,12 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get(HeaderIdempotencyKey)
+		key, err := ParseKeyHeader(r.Header.Get(HeaderIdempotencyKey))
 		switch {
+		case err != nil:
+			problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Idempotency-Key is not a valid Structured Field String",
+				`a quoted Idempotency-Key must be an RFC 8941 String: printable ASCII between double quotes, with \" and \\ the only escapes (or send the bare key, unquoted)`)
+			return
 		case key == "":
 			problem(w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency-Key is missing",
 				"this operation requires an Idempotency-Key header; derive it from the durable step that makes the call (for example {workflowRunId}:{stepId}), never mint a new one per retry")

@@ -234,6 +234,21 @@ func TestMiddlewareReplaysStoredOutcome(t *testing.T) {
 	}
 }
 
+// A key sent as the draft's Structured Field String ("k") and the same key
+// sent bare (k) are one key: one claim, one effect, the second a replay.
+func TestMiddlewareQuotedAndBareKeyAreOneKey(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{}, ledger.MiddlewareConfig{})
+	first := b.mustCall(t, `"wf-1:step-2"`, mwBody)
+	second := b.mustCall(t, "wf-1:step-2", mwBody)
+	if first.code != http.StatusCreated || second.code != http.StatusCreated || second.replayed != "true" {
+		t.Fatalf("quoted then bare: %d %s / %d %s (replayed %q)", first.code, first.raw, second.code, second.raw, second.replayed)
+	}
+	if n := b.tool.effectsOf("wf-1:step-2"); n != 1 || b.db.Count(t, "idempotency_keys WHERE key = 'wf-1:step-2'") != 1 || b.db.Count(t, "idempotency_keys") != 1 {
+		t.Fatalf("effects %d, rows %d; want one effect under the unquoted key", n, b.db.Count(t, "idempotency_keys"))
+	}
+}
+
 // Same key, other arguments: 422, and the handler does not run again.
 func TestMiddlewareOtherArguments(t *testing.T) {
 	t.Parallel()
@@ -347,6 +362,8 @@ func TestMiddlewareRequestValidation(t *testing.T) {
 		{"key too long", strings.Repeat("k", 129), mwBody, http.StatusBadRequest, ledger.ProblemKeyTooLong},
 		{"not json", "k1", `title=x`, http.StatusBadRequest, ledger.ProblemBodyInvalid},
 		{"two json values", "k2", `{} {}`, http.StatusBadRequest, ledger.ProblemBodyInvalid},
+		{"quoted key, bad escape", `"k\n"`, mwBody, http.StatusBadRequest, ledger.ProblemKeyInvalid},
+		{"quoted key, no closing quote", `"k`, mwBody, http.StatusBadRequest, ledger.ProblemKeyInvalid},
 	}
 	for _, c := range cases {
 		wantProblem(t, c.name, b.mustCall(t, c.key, c.body), c.want, c.typ)

@@ -188,7 +188,11 @@ func keyOf(req *mcp.CallToolRequest, header bool) (string, error) {
 		key = s
 	}
 	if header && req.Extra != nil && req.Extra.Header != nil {
-		if h := req.Extra.Header.Get(ledger.HeaderIdempotencyKey); h != "" {
+		if raw := req.Extra.Header.Get(ledger.HeaderIdempotencyKey); raw != "" {
+			h, err := ledger.ParseKeyHeader(raw)
+			if err != nil {
+				return "", err
+			}
 			if key != "" && key != h {
 				return "", fmt.Errorf("_meta.%s and the %s header differ", MetaKey, ledger.HeaderIdempotencyKey)
 			}
