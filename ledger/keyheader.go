@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"context"
 	"errors"
 	"strings"
 )
@@ -47,4 +48,26 @@ func ParseKeyHeader(v string) (string, error) {
 		}
 	}
 	return "", ErrKeyHeaderInvalid // no closing quote
+}
+
+// HeaderKey is the key a request's Idempotency-Key header claims:
+// ParseKeyHeader's, except for a quoted value whose quoted form is already
+// a row of the ledger. Before ParseKeyHeader, a quoted header was stored
+// with its quotes; the retries of such a key keep claiming that row, so an
+// attempt that straddles the upgrade is never run under a second key. The
+// lookup costs one query, for quoted keys only.
+func HeaderKey(ctx context.Context, db DBTX, raw string) (string, error) {
+	key, err := ParseKeyHeader(raw)
+	asSent := strings.Trim(raw, " \t")
+	if err != nil || key == asSent {
+		return key, err
+	}
+	switch _, err := Get(ctx, db, asSent); {
+	case err == nil:
+		return asSent, nil
+	case errors.Is(err, ErrNotFound):
+		return key, nil
+	default:
+		return "", err
+	}
 }

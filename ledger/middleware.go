@@ -122,8 +122,13 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, err := ParseKeyHeader(r.Header.Get(HeaderIdempotencyKey))
+		key, err := HeaderKey(r.Context(), cfg.DB, r.Header.Get(HeaderIdempotencyKey))
 		switch {
+		case err != nil && !errors.Is(err, ErrKeyHeaderInvalid):
+			cfg.Logger.Error("read the ledger for a quoted key", "err", err)
+			problem(w, http.StatusServiceUnavailable, ProblemLedgerUnavailable, "Idempotency ledger unavailable",
+				"the key could not be claimed, so the operation did not run; retry with the same Idempotency-Key")
+			return
 		case err != nil:
 			problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Idempotency-Key is not a valid Structured Field String",
 				`a quoted Idempotency-Key must be an RFC 8941 String: printable ASCII between double quotes, with \" and \\ the only escapes (or send the bare key, unquoted)`)

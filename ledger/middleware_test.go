@@ -249,6 +249,34 @@ func TestMiddlewareQuotedAndBareKeyAreOneKey(t *testing.T) {
 	}
 }
 
+// A key a draft client sent quoted before quoted keys were parsed was
+// stored with its quotes: its retries keep claiming that row (a replay of
+// its outcome), never a second key and a second effect.
+func TestMiddlewareQuotedKeyStoredWithItsQuotesKeepsItsRow(t *testing.T) {
+	t.Parallel()
+	b := mwSetup(t, &mwTool{}, ledger.MiddlewareConfig{})
+	ctx := context.Background()
+	hash, err := ledger.Fingerprint([]byte(mwBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy := `"wf-legacy:step-1"`
+	claimed, err := ledger.Claim(ctx, b.db.Pool, ledger.ClaimParams{Key: legacy, Tool: "create_ticket", RequestHash: hash})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ledger.Complete(ctx, b.db.Pool, legacy, claimed.Row.ClaimedAt, http.StatusCreated, json.RawMessage(`{"ticket_id":"T-old"}`)); err != nil {
+		t.Fatal(err)
+	}
+	got := b.mustCall(t, legacy, mwBody)
+	if got.code != http.StatusCreated || got.replayed != "true" || !strings.Contains(got.raw, "T-old") {
+		t.Fatalf("retry of a key stored quoted: %d %s (replayed %q), want the stored outcome", got.code, got.raw, got.replayed)
+	}
+	if n := b.tool.total(); n != 0 || b.db.Count(t, "idempotency_keys") != 1 {
+		t.Fatalf("effects %d, rows %d; want no effect and no second row", n, b.db.Count(t, "idempotency_keys"))
+	}
+}
+
 // Same key, other arguments: 422, and the handler does not run again.
 func TestMiddlewareOtherArguments(t *testing.T) {
 	t.Parallel()

@@ -3,6 +3,7 @@ package mcpkey
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -98,7 +99,11 @@ func Wrap(cfg Config, next mcp.ToolHandler) mcp.ToolHandler {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		key, err := keyOf(req, !cfg.AllowMissingKey)
+		key, err := keyOf(ctx, cfg.DB, req, !cfg.AllowMissingKey)
+		if errors.Is(err, errLedger) {
+			cfg.Logger.Error("read the ledger for a quoted key", "err", err)
+			return nil, err
+		}
 		if err != nil {
 			return nil, invalidParams(err.Error())
 		}
@@ -178,7 +183,10 @@ func Wrap(cfg Config, next mcp.ToolHandler) mcp.ToolHandler {
 // header; never from the arguments. A tool that allows a missing key reads
 // _meta only: a client that sets the header for its whole session would
 // otherwise claim that key for every read-only call it makes.
-func keyOf(req *mcp.CallToolRequest, header bool) (string, error) {
+// errLedger marks a keyOf error that is the ledger's, not the request's.
+var errLedger = errors.New("idempotency ledger unavailable")
+
+func keyOf(ctx context.Context, db ledger.DBTX, req *mcp.CallToolRequest, header bool) (string, error) {
 	var key string
 	if v, ok := req.Params.Meta[MetaKey]; ok {
 		s, isString := v.(string)
@@ -189,9 +197,12 @@ func keyOf(req *mcp.CallToolRequest, header bool) (string, error) {
 	}
 	if header && req.Extra != nil && req.Extra.Header != nil {
 		if raw := req.Extra.Header.Get(ledger.HeaderIdempotencyKey); raw != "" {
-			h, err := ledger.ParseKeyHeader(raw)
-			if err != nil {
+			h, err := ledger.HeaderKey(ctx, db, raw)
+			if errors.Is(err, ledger.ErrKeyHeaderInvalid) {
 				return "", err
+			}
+			if err != nil {
+				return "", fmt.Errorf("%w: %w", errLedger, err)
 			}
 			if key != "" && key != h {
 				return "", fmt.Errorf("_meta.%s and the %s header differ", MetaKey, ledger.HeaderIdempotencyKey)
