@@ -106,8 +106,9 @@ func NothingWritten(err error) bool {
 type FollowOptions struct {
 	// OnFailover is called once each time the pool finds that its node
 	// failed over (the first failing statement, or a failed writability
-	// check), with the reason and the error that showed it: the place for
-	// one log line and a counter per failover. It runs on the goroutine of
+	// check, while the Follower held the database writable), with the
+	// reason and the error that showed it: the place for one log line and
+	// a counter per failover. It runs on the goroutine of
 	// the statement that failed; keep it short.
 	OnFailover func(reason string, err error)
 	// OnWritable is called with true or false each time the writability the
@@ -228,7 +229,12 @@ func (f *Follower) Generation() uint64 { return f.gen.Load() }
 func (f *Follower) CheckWritable(ctx context.Context, db *pgxpool.Pool) error {
 	c, err := db.Acquire(ctx)
 	if err != nil {
-		f.setWritable(false)
+		if ctx.Err() == nil {
+			// No node of the URL takes a connection (or a writable
+			// one): the idle connections to the old node go too.
+			f.gen.Add(1)
+			f.down(ReasonConnection, err)
+		}
 		return fmt.Errorf("no connection to a writable primary: %w", err)
 	}
 	defer c.Release()
@@ -237,7 +243,7 @@ func (f *Follower) CheckWritable(ctx context.Context, db *pgxpool.Pool) error {
 	err = c.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only')`).Scan(&recovery, &readOnly)
 	if err != nil {
 		if _, ok := FailoverReason(err); !ok && ctx.Err() == nil {
-			f.setWritable(false)
+			f.down(ReasonConnection, err)
 		}
 		return fmt.Errorf("writability check: %w", err)
 	}
@@ -272,11 +278,24 @@ func (f *Follower) condemn(c *pgx.Conn, reason string, err error) {
 	data := c.PgConn().CustomData()
 	data[condemnedKey] = reason
 	g, _ := data[genKey].(uint64)
-	if f.gen.CompareAndSwap(g, g+1) {
-		f.setWritable(false)
-		if f.opts.OnFailover != nil {
-			f.opts.OnFailover(reason, err)
-		}
+	if !f.gen.CompareAndSwap(g, g+1) {
+		return // an echo of a failover already seen
+	}
+	f.down(reason, err)
+}
+
+// down records that the database does not take writes. It is reported
+// once per failover: while no writable primary has answered since the last
+// one, a node found not writable again is the same failover going on.
+func (f *Follower) down(reason string, err error) {
+	f.mu.Lock()
+	was := f.writable.Swap(false)
+	if was && f.opts.OnWritable != nil {
+		f.opts.OnWritable(false)
+	}
+	f.mu.Unlock()
+	if was && f.opts.OnFailover != nil {
+		f.opts.OnFailover(reason, err)
 	}
 }
 

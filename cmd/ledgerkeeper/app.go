@@ -20,6 +20,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 )
@@ -165,7 +166,31 @@ func (a *app) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	return connect(ctx, raw, a.cfg.Database.MaxConns)
 }
 
+// followingPool is pool with the hooks of the ledger.Follower that keeps it
+// on the writable primary (serve watches it: internal/daemon.DatabaseHealth).
+func (a *app) followingPool(ctx context.Context, opts ledger.FollowOptions) (*pgxpool.Pool, *ledger.Follower, error) {
+	if err := a.load(); err != nil {
+		return nil, nil, err
+	}
+	raw := a.cfg.Database.URL.Reveal()
+	if raw == "" {
+		return nil, nil, &configError{fmt.Errorf("no database: set database.url in the configuration, $%s, or --database-url", envDatabaseURL)}
+	}
+	return connectFollowing(ctx, raw, a.cfg.Database.MaxConns, opts)
+}
+
+// connect opens the pool every command works on. It follows the primary
+// across failovers (ledger.FollowPrimary): a connection whose node turned
+// read-only, went into recovery, shut down or broke is discarded with
+// every other connection to that node, and the next ones go to the host of
+// the URL that takes writes (several hosts: postgres://h1,h2/db with
+// target_session_attrs=read-write, the default here when hosts are several).
 func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, error) {
+	pool, _, err := connectFollowing(ctx, raw, maxConns, ledger.FollowOptions{})
+	return pool, err
+}
+
+func connectFollowing(ctx context.Context, raw string, maxConns int, opts ledger.FollowOptions) (*pgxpool.Pool, *ledger.Follower, error) {
 	pc, err := pgxpool.ParseConfig(raw)
 	if err != nil {
 		// pgx's parse errors may quote the URL: never repeat them.
@@ -175,7 +200,7 @@ func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, erro
 		if r := redactURL(raw); r != unshownURL {
 			shown = " " + r
 		}
-		return nil, &configError{fmt.Errorf("the database URL%s (database.url, $%s or --database-url) is not a valid PostgreSQL URL or DSN: expected postgres://USER@HOST:PORT/DBNAME (a password goes after USER and a colon) or host=… dbname=…", shown, envDatabaseURL)}
+		return nil, nil, &configError{fmt.Errorf("the database URL%s (database.url, $%s or --database-url) is not a valid PostgreSQL URL or DSN: expected postgres://USER@HOST:PORT/DBNAME (a password goes after USER and a colon) or host=… dbname=…", shown, envDatabaseURL)}
 	}
 	if maxConns > 0 {
 		pc.MaxConns = int32(maxConns) //nolint:gosec // G115: database.max_conns has no upper bound check yet; a pool beyond int32 connections is not one anyone runs
@@ -188,22 +213,23 @@ func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, erro
 	if _, set := pc.ConnConfig.RuntimeParams["jit"]; !set {
 		pc.ConnConfig.RuntimeParams["jit"] = "off"
 	}
+	follower := ledger.FollowPrimary(pc, opts)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("database at %s: %w", redactURL(raw), err)
+		return nil, nil, fmt.Errorf("database at %s: %w", redactURL(raw), err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
 		if refusedByServer(err) {
-			return nil, fmt.Errorf("database at %s:%d/%s refused the connection: %s: check the user, password and database name in database.url, $%s or --database-url",
+			return nil, nil, fmt.Errorf("database at %s:%d/%s refused the connection: %s: check the user, password and database name in database.url, $%s or --database-url",
 				pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, rootCause(err), envDatabaseURL)
 		}
-		return nil, fmt.Errorf("cannot reach database at %s:%d/%s (%v): is PostgreSQL running? set database.url, $%s or --database-url",
+		return nil, nil, fmt.Errorf("cannot reach database at %s:%d/%s (%v): is PostgreSQL running? set database.url, $%s or --database-url",
 			pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, rootCause(err), envDatabaseURL)
 	}
-	return pool, nil
+	return pool, follower, nil
 }
 
 // ledgerPool is pool for commands that work on the ledger: it also refuses

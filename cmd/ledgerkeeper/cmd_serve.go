@@ -59,13 +59,19 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				}
 			}
 			ctx := cmd.Context()
-			pool, err := a.pool(ctx)
+			replica := daemon.ReplicaID()
+			logger := a.logger.With("replica", replica)
+			reg := prometheus.NewRegistry()
+			// The pool follows the writable primary across failovers;
+			// health logs each failover once, keeps the database series
+			// and answers /readyz's "can the ledger be written now?".
+			health := daemon.NewDatabaseHealth(reg, logger.With("component", "database"))
+			pool, follower, err := a.followingPool(ctx, health.FollowOptions())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			replica := daemon.ReplicaID()
-			logger := a.logger.With("replica", replica)
+			health.Watch(pool, follower)
 			if migrate {
 				applied, err := migrations.Up(ctx, pool, a.logger)
 				if err != nil {
@@ -85,7 +91,6 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				a.cfg.HTTP.Listen = listen
 			}
 
-			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			daemon.RegisterBuildInfo(reg) // ledgerkeeper_build_info: which release runs (ledgerkeeper version)
 			eng, closer, err := daemon.BuildEngine(ctx, a.cfg, pool, a.registry(), replica, logger.With("component", "reconcile"), reconcile.NewMetrics(reg))
@@ -115,14 +120,17 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				Logger:     logger,
 				RunAtStart: runAtStart,
 				Routes:     inter.Routes(),
-				Services:   inter.Services(),
+				Services:   append([]daemon.Service{health}, inter.Services()...),
+				QuietError: health.Quiet,
 				Ready: func(ctx context.Context) error {
-					if err := pool.Ping(ctx); err != nil {
+					// Writable, not merely answering: a standby or a
+					// node turned read-only answers SELECT 1.
+					if err := health.Ready(ctx); err != nil {
 						if refusedByServer(err) {
 							// After a password rotation: the reason, not the TLS attempt.
 							return fmt.Errorf("database refused the connection: %s", rootCause(err))
 						}
-						return fmt.Errorf("database unreachable: %s", rootCause(err))
+						return fmt.Errorf("database unreachable or not writable: %s", rootCause(err))
 					}
 					return checkSchema(ctx, pool)
 				},

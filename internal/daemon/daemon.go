@@ -61,8 +61,12 @@ type Config struct {
 	Jobs   []Job
 	// Registry receives the daemon's own series and serves /metrics.
 	Registry *prometheus.Registry
-	// Ready is /readyz's check (database reachable, schema current).
+	// Ready is /readyz's check (database writable, schema current).
 	Ready func(ctx context.Context) error
+	// QuietError, when set, names the job errors that get no log line of
+	// their own (they are still counted): those of a database known to be
+	// failing over, whose failover was logged once (DatabaseHealth.Quiet).
+	QuietError func(error) bool
 	// RunAtStart runs every job once right after Start, then on schedule.
 	RunAtStart bool
 	// ShutdownTimeout is the grace Stop gives running jobs (WindDown jobs
@@ -306,6 +310,9 @@ func (d *Daemon) runJob(ctx context.Context, j Job) {
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
 		// Shutdown: not an error worth logging.
 		d.metrics.runs.WithLabelValues(j.Name, "cancelled").Inc()
+	case d.cfg.QuietError != nil && d.cfg.QuietError(err):
+		d.metrics.runs.WithLabelValues(j.Name, "error").Inc()
+		d.cfg.Logger.Debug("job failed while the database fails over", "job", j.Name, "err", err)
 	default:
 		d.metrics.runs.WithLabelValues(j.Name, "error").Inc()
 		d.cfg.Logger.Error("job failed", "job", j.Name, "err", err)

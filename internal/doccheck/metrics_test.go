@@ -1,6 +1,7 @@
 package doccheck
 
 import (
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -42,6 +43,7 @@ func servedMetrics(t *testing.T) map[string][]string {
 	expiry.NewMetrics(rec)
 	alerts.NewMetrics(rec)
 	daemon.NewLedgerMetrics(rec)
+	daemon.NewDatabaseHealth(rec, slog.New(slog.DiscardHandler))
 	jobs := prometheus.NewRegistry() // daemon.New wants a *Registry
 	if _, err := daemon.New(daemon.Config{Registry: jobs}); err != nil {
 		t.Fatal(err)
