@@ -61,30 +61,48 @@ var keyActions = []struct{ id, label string }{
 }
 
 // KeyActions is the actions block of one key: a button per action, the
-// key as every button's value. Mark retryable asks for confirmation
-// saying what the retry will do, Release what lifting the hold means.
-// blockID is "" on the alert itself (Slack names the block), or an
-// OriginBlockID elsewhere.
-func KeyActions(key, tool, blockID string) *slack.ActionBlock {
+// key as every button's value. Of Hold and Release only the one that
+// applies is shown (held: Release, else Hold). Mark retryable asks for
+// confirmation saying what the retry will do, Release what lifting the
+// hold means. blockID is "" on the alert itself (Slack names the block),
+// or an OriginBlockID elsewhere.
+func KeyActions(key, tool, blockID string, held bool) *slack.ActionBlock {
 	els := make([]slack.BlockElement, 0, len(keyActions))
 	for _, a := range keyActions {
-		b := slack.NewButtonBlockElement(a.id, key, slack.NewTextBlockObject(slack.PlainTextType, a.label, false, false))
 		switch a.id {
+		case ActionIDHold, ActionIDRelease:
+			if (a.id == ActionIDRelease) == held {
+				els = append(els, HoldButton(key, held))
+			}
+			continue
 		case ActionIDRetryable:
+			b := slack.NewButtonBlockElement(a.id, key, plain(a.label))
 			b.Style = slack.StyleDanger
 			b.Confirm = slack.NewConfirmationBlockObject(
 				plain("Mark retryable?"),
 				plain(safeCutPlain("The next retry of "+key+" will run "+cmpStr(tool, "its tool")+" again: do this only if you checked that the effect never happened downstream. You will be asked for a reason.", maxConfirmText)),
 				plain("Continue"), plain("Cancel"))
-		case ActionIDRelease:
-			b.Confirm = slack.NewConfirmationBlockObject(
-				plain("Release the hold?"),
-				plain(safeCutPlain("The reconciler may probe and decide "+key+" again, and purge may remove it once it expires.", maxConfirmText)),
-				plain("Release"), plain("Cancel"))
+			els = append(els, b)
+			continue
 		}
-		els = append(els, b)
+		els = append(els, slack.NewButtonBlockElement(a.id, key, plain(a.label)))
 	}
 	return slack.NewActionBlock(blockID, els...)
+}
+
+// HoldButton is the button that changes key's hold: Release (with its
+// confirmation) when it is held, Hold otherwise. interact swaps one for
+// the other on the alert message when someone holds or releases the key.
+func HoldButton(key string, held bool) *slack.ButtonBlockElement {
+	if !held {
+		return slack.NewButtonBlockElement(ActionIDHold, key, plain("Hold"))
+	}
+	b := slack.NewButtonBlockElement(ActionIDRelease, key, plain("Release"))
+	b.Confirm = slack.NewConfirmationBlockObject(
+		plain("Release the hold?"),
+		plain(safeCutPlain("The reconciler may probe and decide "+key+" again, and purge may remove it once it expires.", maxConfirmText)),
+		plain("Release"), plain("Cancel"))
+	return b
 }
 
 // keyMenu is the overflow menu of one key in a grouped message, or nil

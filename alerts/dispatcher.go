@@ -91,11 +91,30 @@ type Config struct {
 	// delivery errors. Nil: only what looks like a credential (URL
 	// passwords, DSN passwords, bearer and Slack tokens, webhook paths).
 	Redactor *secret.Redactor
-	// Interactive draws action buttons on firing messages (Inspect, Hold,
-	// Release, Mark retryable, Store outcome; package interact handles
+	// Interactive draws action buttons on firing messages (Inspect, Hold
+	// or Release, Mark retryable, Store outcome; package interact handles
 	// them). Off by default: without a configured interactivity transport
 	// the buttons would lead nowhere.
 	Interactive bool
+	// Held says which of keys are on hold now, so that a one-key message
+	// offers Release for a held key and Hold for the others (the daemon
+	// wires store.HeldKeys: the alert tables are ours, key_holds is not).
+	// Nil: no key is taken as held. An error draws Hold, logged.
+	Held func(ctx context.Context, keys []string) (map[string]bool, error)
+}
+
+// markHeld sets the hold state of a firing one-key message's key, the one
+// message that carries a Hold or Release button.
+func (d *Dispatcher) markHeld(ctx context.Context, g group) {
+	if !d.cfg.Interactive || d.cfg.Held == nil || g.kind != KindFiring || len(g.items) != 1 || g.items[0].key == "" {
+		return
+	}
+	held, err := d.cfg.Held(ctx, []string{g.items[0].key})
+	if err != nil {
+		d.logger.Warn("read the alerted key's hold; its message offers Hold", "err", err)
+		return
+	}
+	g.items[0].held = held[g.items[0].key]
 }
 
 func (c Config) withDefaults() Config {
@@ -291,6 +310,7 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (Report, error) {
 			errs = append(errs, d.release(ctx, g, token))
 			continue
 		}
+		d.markHeld(ctx, g)
 		msg := d.render.render(g.kind, g.reason, g.items, passNow)
 		nctx, cancel := context.WithTimeout(ctx, d.cfg.NotifyTimeout)
 		retry, nerr := d.notifier.Notify(nctx, msg)

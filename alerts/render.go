@@ -83,6 +83,9 @@ type item struct {
 	// them was a firing notice.
 	supersedes []int64
 	firedToo   bool
+	// held: the key is on hold now (Config.Held): its buttons offer
+	// Release, not Hold.
+	held bool
 }
 
 // renderer turns the items of one (kind, reason) into a message.
@@ -191,7 +194,7 @@ func (r renderer) render(kind Kind, reason Reason, items []item, now time.Time) 
 		}
 		blocks = append(blocks, sec)
 		if interactive && it.key != "" && len(listed) == 1 {
-			blocks = append(blocks, KeyActions(it.key, it.tool, ""))
+			blocks = append(blocks, KeyActions(it.key, it.tool, "", it.held))
 		}
 	}
 	if rest := len(items) - len(listed); rest > 0 {

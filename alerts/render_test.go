@@ -435,10 +435,21 @@ func TestRenderInteractive(t *testing.T) {
 			t.Errorf("button %s value %v, want the key", b["action_id"], b["value"])
 		}
 	}
-	if got := strings.Join(ids, ","); got != "lk_inspect,lk_hold,lk_release,lk_retryable,lk_outcome" {
+	// Hold or Release, whichever applies: not held, Hold.
+	if got := strings.Join(ids, ","); got != "lk_inspect,lk_hold,lk_retryable,lk_outcome" {
 		t.Errorf("buttons %s", got)
 	}
-	confirm, _ := json.Marshal(acts[0][3]["confirm"])
+	heldItem := items[0]
+	heldItem.held = true
+	heldActs, _ := controls(t, r.render(KindFiring, ReasonProbeFailing, []item{heldItem}, fixtureNow))
+	var heldIDs []string
+	for _, b := range heldActs[0] {
+		heldIDs = append(heldIDs, b["action_id"].(string))
+	}
+	if got := strings.Join(heldIDs, ","); got != "lk_inspect,lk_release,lk_retryable,lk_outcome" {
+		t.Errorf("buttons of a held key %s", got)
+	}
+	confirm, _ := json.Marshal(acts[0][2]["confirm"])
 	if !strings.Contains(string(confirm), "The next retry of wf-8812:step-3:create_ticket will run create_ticket again") {
 		t.Errorf("Mark retryable's confirmation: %s", confirm)
 	}

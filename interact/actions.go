@@ -156,10 +156,15 @@ func (h *Handler) pick(ctx context.Context, w where, user, key string) error {
 	if k, err := ledger.Get(ctx, h.cfg.Pool, key); err == nil {
 		tool = k.Tool
 	}
+	held, err := operator.Held(ctx, h.cfg.Pool, key)
+	if err != nil {
+		h.replyFailed(w, user)
+		return err
+	}
 	text := "Actions on " + alerts.InlineCode(key, 400) + ":"
 	h.reply(w, user, text,
 		slack.NewSectionBlock(slack.NewTextBlockObject(slack.MarkdownType, text, false, true), nil, nil),
-		alerts.KeyActions(key, tool, alerts.OriginBlockID(w.Channel, w.TS)))
+		alerts.KeyActions(key, tool, alerts.OriginBlockID(w.Channel, w.TS), held))
 	return nil
 }
 
@@ -174,7 +179,7 @@ func (h *Handler) release(ctx context.Context, w where, user string, op Operator
 		return nil
 	}
 	h.reply(w, user, "Released "+alerts.InlineCode(key, 400)+": the reconciler may probe and decide it again, and purge may remove it once expired.")
-	h.annotate(w, fmt.Sprintf("%s released %s at %s", name(op), alerts.InlineCode(key, 300), h.clock()), "")
+	h.annotate(w, fmt.Sprintf("%s released %s at %s", name(op), alerts.InlineCode(key, 300), h.clock()), change{key: key, held: false})
 	return nil
 }
 

@@ -92,7 +92,9 @@ func TestFollowUpsGiveUpAndSaySo(t *testing.T) {
 	eq(t, "the release stands", r.state(t, key).Held, false)
 
 	r.srv.Fail("views.open", "expired_trigger_id")
-	r.click(t, hAlice, ts, r.control(t, ts, alerts.ActionIDHold, key))
+	// The message was never updated (chat.update gave up): it still
+	// offers Release; the Hold comes from the key picker's answer.
+	r.click(t, hAlice, ts, button(alerts.ActionIDHold, key))
 	eq(t, "views.open attempts (a refusal is not retried)", len(r.srv.Calls("views.open")), 1)
 	eq(t, "given up, logged", len(r.logLines("slack follow-up failed; given up", "follow_up=views.open", "attempts=1", "expired_trigger_id")), 1)
 	if reply := r.lastReply(t); !strings.Contains(reply, "Slack would not open the form") {
@@ -157,8 +159,8 @@ func TestStopSendsWhatIsInHandThenRefuses(t *testing.T) {
 	eq(t, "answers sent", len(r.srv.Calls("response_url")), 1)
 
 	audit := r.db.Count(t, "reconcile_audit WHERE key = $1", key)
-	r.hold(t, key, "again")
-	cb = r.srv.BlockActions(t, hAlice, hChannel, ts, r.control(t, ts, alerts.ActionIDRelease, key))
+	r.hold(t, key, "again") // by hand: the message still offers Hold
+	cb = r.srv.BlockActions(t, hAlice, hChannel, ts, button(alerts.ActionIDRelease, key))
 	req = slacktest.SignedRequest(t, r.http.URL, hSecret, time.Now(), slacktest.Body(t, cb))
 	resp, err = r.http.Client().Do(req)
 	if err != nil {

@@ -137,7 +137,10 @@ func (r *rig) alert(t *testing.T, keys ...string) string {
 		t.Fatal(err)
 	}
 	before := len(r.srv.Calls("chat.postMessage"))
-	d := alerts.New(r.db.Pool, alerts.Config{Owner: "test", Interactive: true}, n, nil, nil)
+	d := alerts.New(r.db.Pool, alerts.Config{Owner: "test", Interactive: true,
+		Held: func(ctx context.Context, keys []string) (map[string]bool, error) {
+			return store.HeldKeys(ctx, r.db.Pool, keys)
+		}}, n, nil, nil)
 	if _, err := d.RunOnce(bg); err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +155,13 @@ func (r *rig) alert(t *testing.T, keys ...string) string {
 	}
 	t.Fatal("posted message not stored")
 	return ""
+}
+
+// button is the click on actionID for key as another message carries it
+// (the key picker's answer, or the alert after an update the test does
+// not wait for).
+func button(actionID, key string) slack.BlockAction {
+	return slack.BlockAction{ActionID: actionID, Value: key, Type: "button"}
 }
 
 // control finds the control with actionID in the message (a button, or
@@ -482,9 +492,22 @@ func TestEachActionMatchesItsCLITwin(t *testing.T) {
 			if !strings.Contains(string(m.Blocks), alerts.ActionIDInspect) {
 				t.Errorf("alert message lost its blocks: %s", m.Blocks)
 			}
-			for _, id := range []string{alerts.ActionIDHold, alerts.ActionIDRelease, alerts.ActionIDRetryable, alerts.ActionIDStoreOutcome} {
-				if got := strings.Contains(string(m.Blocks), `"`+id+`"`); got == tc.settles {
-					t.Errorf("alert message has the %s button: %v, want %v (a settled key keeps Inspect only): %s", id, got, !tc.settles, m.Blocks)
+			// A settled one-key alert reads as resolved, its Next advice gone.
+			resolved := strings.Contains(string(m.Blocks), "✅ Resolved: No probe configured (1 key)") && !strings.Contains(string(m.Blocks), "*Next:*")
+			if resolved != tc.settles {
+				t.Errorf("alert message reads resolved: %v, want %v: %s", resolved, tc.settles, m.Blocks)
+			}
+			// A settled key keeps Inspect only; a held key offers Release,
+			// a released one Hold, never both.
+			held := tc.name == "hold"
+			for id, want := range map[string]bool{
+				alerts.ActionIDHold:         !tc.settles && !held,
+				alerts.ActionIDRelease:      !tc.settles && held,
+				alerts.ActionIDRetryable:    !tc.settles,
+				alerts.ActionIDStoreOutcome: !tc.settles,
+			} {
+				if got := strings.Contains(string(m.Blocks), `"`+id+`"`); got != want {
+					t.Errorf("alert message has the %s button: %v, want %v: %s", id, got, want, m.Blocks)
 				}
 			}
 			if reply := r.lastReply(t); strings.Contains(reply, "Refused") || strings.Contains(reply, "That failed") {
@@ -834,6 +857,8 @@ func TestPickerActsOnTheAlert(t *testing.T) {
 	if !strings.Contains(string(m.Blocks), `"value":"`+last+`"`) {
 		t.Fatalf("picker lacks %s", last)
 	}
+	// Held: the picker's answer offers Release (Hold for a key not held).
+	r.hold(t, last, "x")
 	r.click(t, hAlice, ts, slack.BlockAction{ActionID: alerts.ActionIDPick, Type: "static_select", SelectedOption: slack.OptionBlockObject{Value: last}})
 	reply := r.srv.Calls("response_url")
 	var blocks []slack.Block
@@ -853,10 +878,9 @@ func TestPickerActsOnTheAlert(t *testing.T) {
 			}
 		}
 	}
-	if hold == nil {
-		t.Fatalf("picker answer has no buttons: %s", raw)
+	if hold == nil || strings.Contains(string(raw), alerts.ActionIDHold+`"`) {
+		t.Fatalf("picker answer for a held key: want Release and no Hold: %s", raw)
 	}
-	r.hold(t, last, "x")
 	// The click arrives from the ephemeral answer: no message blocks.
 	cb := r.srv.BlockActions(t, hAlice, hChannel, ts, *hold)
 	cb.Message = slack.Message{}

@@ -102,14 +102,24 @@ const logBlockID = "lk_log"
 // maxContextElements is Slack's limit on a context block's elements.
 const maxContextElements = 10
 
+// change is what an action did to its key, for the alert message.
+type change struct {
+	key string
+	// settled: the action settled the key (completed or
+	// failed_retryable): its buttons other than Inspect leave the message,
+	// so nobody acts on it from a stale alert, and a one-key alert reads
+	// as resolved (✅, its Next commands gone).
+	settled bool
+	// held (when not settled): the key is now on hold (Release replaces
+	// Hold) or released (Hold replaces Release).
+	held bool
+}
+
 // annotate adds line to the alert message (who did what, when), keeping
-// its blocks, after the acknowledgement (a follow-up, retried):
-// chat.update of the message at w.Channel and w.TS, else its response_url
-// with replace_original (a webhook's message). A failure is logged: the
-// action stands. settled names a key the action settled (completed or
-// failed_retryable): its buttons other than Inspect leave the message, so
-// nobody acts on it from a stale alert ("" for a hold or a release, which
-// settle nothing).
+// its blocks but what c changes, after the acknowledgement (a follow-up,
+// retried): chat.update of the message at w.Channel and w.TS, else its
+// response_url with replace_original (a webhook's message). A failure is
+// logged: the action stands.
 //
 // The updates of one message are made one at a time (in this process),
 // each on the message as it stands, read back with conversations.history:
@@ -117,21 +127,21 @@ const maxContextElements = 10
 // line, neither overwriting the other's with the copy its click carried.
 // That copy is used only when the message cannot be read back (no
 // channels:history scope).
-func (h *Handler) annotate(w where, line, settled string) {
+func (h *Handler) annotate(w where, line string, c change) {
 	if w.Channel == "" || w.TS == "" {
 		return
 	}
 	h.goFollowUp(func() {
 		unlock := h.msgs.lock(w.Channel + "/" + w.TS)
 		defer unlock()
-		_ = h.retry("alert update", time.Time{}, func(ctx context.Context) error { return h.updateAlert(ctx, w, line, settled) },
+		_ = h.retry("alert update", time.Time{}, func(ctx context.Context) error { return h.updateAlert(ctx, w, line, c) },
 			"channel", w.Channel, "ts", w.TS)
 	})
 }
 
 // updateAlert is one attempt of annotate. A retry after an update that
 // went through but whose answer was lost adds nothing twice (withLine).
-func (h *Handler) updateAlert(ctx context.Context, w where, line, settled string) error {
+func (h *Handler) updateAlert(ctx context.Context, w where, line string, c change) error {
 	blocks, text := w.blocks, w.text
 	hist, err := h.cfg.Slack.GetConversationHistoryContext(ctx, &slack.GetConversationHistoryParameters{
 		ChannelID: w.Channel, Latest: w.TS, Oldest: w.TS, Inclusive: true, Limit: 1})
@@ -143,8 +153,11 @@ func (h *Handler) updateAlert(ctx context.Context, w where, line, settled string
 	case blocks == nil:
 		return permanentError{"the alert message is not in its channel's history (deleted, or the bot lacks channels:history)"}
 	}
-	if settled != "" {
-		blocks = withoutControls(blocks, settled)
+	if c.settled {
+		blocks = withoutControls(blocks, c.key)
+		blocks = resolvedLook(blocks, c.key)
+	} else {
+		blocks = withHoldButton(blocks, c.key, c.held)
 	}
 	blocks, ok := withLine(blocks, line)
 	if !ok {
@@ -225,6 +238,70 @@ func withoutControls(blocks []slack.Block, key string) []slack.Block {
 			continue
 		}
 		out = append(out, slack.NewActionBlock(ab.BlockID, kept...))
+	}
+	return out
+}
+
+// withHoldButton returns blocks with key's Hold or Release button replaced
+// by the one that applies now (held: Release).
+func withHoldButton(blocks []slack.Block, key string, held bool) []slack.Block {
+	out := make([]slack.Block, len(blocks))
+	for i, b := range blocks {
+		out[i] = b
+		ab, ok := b.(*slack.ActionBlock)
+		if !ok || ab.Elements == nil {
+			continue
+		}
+		els := make([]slack.BlockElement, len(ab.Elements.ElementSet))
+		changed := false
+		for j, el := range ab.Elements.ElementSet {
+			els[j] = el
+			if btn, ok := el.(*slack.ButtonBlockElement); ok && btn.Value == key &&
+				(btn.ActionID == alerts.ActionIDHold || btn.ActionID == alerts.ActionIDRelease) {
+				els[j], changed = alerts.HoldButton(key, held), true
+			}
+		}
+		if changed {
+			out[i] = slack.NewActionBlock(ab.BlockID, els...)
+		}
+	}
+	return out
+}
+
+// resolvedLook makes a one-key alert whose key was settled read as
+// resolved: its header "🔴 Title: 1 key" becomes "✅ Resolved: Title (1
+// key)", as the resolved notice reads, and the "*Next:*" advice of its
+// sections goes (what to do next is done). A grouped message keeps its
+// look: its other keys may still need a human.
+func resolvedLook(blocks []slack.Block, key string) []slack.Block {
+	one := false
+	for _, b := range blocks {
+		if s, ok := b.(*slack.SectionBlock); ok && s.Text != nil && strings.Contains(s.Text.Text, "`"+key+"`") {
+			one = true
+		}
+	}
+	out := make([]slack.Block, 0, len(blocks))
+	for _, b := range blocks {
+		switch x := b.(type) {
+		case *slack.HeaderBlock:
+			if x.Text != nil {
+				if title, ok := strings.CutPrefix(x.Text.Text, "🔴 "); ok && one && strings.HasSuffix(title, ": 1 key") {
+					title = strings.TrimSuffix(title, ": 1 key")
+					b = slack.NewHeaderBlock(slack.NewTextBlockObject(slack.PlainTextType, "✅ Resolved: "+title+" (1 key)", true, false))
+				} else {
+					one = false // a grouped message: leave it as it is
+				}
+			}
+		case *slack.SectionBlock:
+			if one && x.Text != nil {
+				if i := strings.Index(x.Text.Text, "\n*Next:*"); i >= 0 {
+					t := *x.Text
+					t.Text = t.Text[:i]
+					b = slack.NewSectionBlock(&t, x.Fields, x.Accessory, slack.SectionBlockOptionBlockID(x.BlockID))
+				}
+			}
+		}
+		out = append(out, b)
 	}
 	return out
 }

@@ -203,7 +203,7 @@ func (h *Handler) hold(ctx context.Context, m meta, user string, op Operator, re
 		return nil
 	}
 	h.reply(m.where, user, alerts.InlineCode(m.Key, 400)+" is on hold: the reconciler neither probes nor decides it, purge keeps it and resolve refuses it, until someone releases it.")
-	h.annotate(m.where, fmt.Sprintf("%s put %s on hold at %s: %s", name(op), alerts.InlineCode(m.Key, 300), h.clock(), alerts.EscapeMrkdwn(oneLine(reason, 200))), "")
+	h.annotate(m.where, fmt.Sprintf("%s put %s on hold at %s: %s", name(op), alerts.InlineCode(m.Key, 300), h.clock(), alerts.EscapeMrkdwn(oneLine(reason, 200))), change{key: m.Key, held: true})
 	return nil
 }
 
@@ -215,7 +215,7 @@ func (h *Handler) resolve(ctx context.Context, m meta, user string, op Operator,
 	}
 	h.reply(m.where, user, explainResolve(err, req))
 	if err == nil {
-		h.annotate(m.where, fmt.Sprintf("%s %s at %s", name(op), did, h.clock()), m.Key)
+		h.annotate(m.where, fmt.Sprintf("%s %s at %s", name(op), did, h.clock()), change{key: m.Key, settled: true})
 	}
 	return nil
 }

@@ -92,3 +92,16 @@ func Release(ctx context.Context, db store.Beginner, req ReleaseRequest) error {
 	}
 	return err
 }
+
+// Held reports whether key is on hold now (Slack's key picker shows
+// Release for a held key, Hold otherwise).
+func Held(ctx context.Context, db ledger.DBTX, key string) (bool, error) {
+	_, err := store.GetHold(ctx, db, key)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, ledger.ErrNotFound):
+		return false, nil
+	}
+	return false, err
+}

@@ -177,3 +177,21 @@ func HoldStats(ctx context.Context, db ledger.DBTX) ([]ToolHolds, error) {
 	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ToolHolds])
 	return out, wrap("count holds", err)
 }
+
+// HeldKeys says which of keys are on hold, in one statement (the alert
+// dispatcher's Config.Held: a held key's alert offers Release).
+func HeldKeys(ctx context.Context, db ledger.DBTX, keys []string) (map[string]bool, error) {
+	rows, err := db.Query(ctx, `SELECT key FROM key_holds WHERE key = ANY($1)`, keys)
+	if err != nil {
+		return nil, wrap("held keys", err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, wrap("held keys", err)
+	}
+	out := make(map[string]bool, len(held))
+	for _, k := range held {
+		out[k] = true
+	}
+	return out, nil
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // newDispatcher builds the alert dispatcher that `reconcile`, `purge` and
@@ -57,5 +59,9 @@ func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metric
 		// Buttons only when a transport handles them (Settle refuses
 		// interactive without one).
 		Interactive: s.Interactive,
+		// A held key's alert offers Release, the others Hold.
+		Held: func(ctx context.Context, keys []string) (map[string]bool, error) {
+			return store.HeldKeys(ctx, pool, keys)
+		},
 	}, notifier, logger.With("component", "alerts"), metrics), nil
 }

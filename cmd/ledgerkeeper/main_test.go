@@ -458,7 +458,10 @@ func TestDemo(t *testing.T) {
 		"probe self-check of create_ticket, before any of its keys changed (by hand: 'ledgerkeeper probe check'): trusted: the made-up key came back not_found; 1 of 1 completed keys came back found with their stored values",
 		// The Slack step: buttons on the alert, a refusal, the operator's
 		// confirmation and its effect on the row, the message and the audit.
-		"[Inspect] [Hold] [Release] [Mark retryable] [Store outcome]",
+		// Hold, not Release: the key is not held.
+		"[Inspect] [Hold] [Mark retryable] [Store outcome]",
+		// Once marked retryable from Slack, the one-key alert reads resolved.
+		"the alert message, updated in place:\n  | ✅ Resolved: No probe configured (1 key)",
 		"U0STRANGER (not in alerts.slack.operators) clicks Mark retryable -> 200; Slack shows them:\n  | You are not allowed to mark retryable from Slack",
 		"U0DEMO (demo-oncall) clicks Mark retryable -> 200; ledgerkeeper asks for confirmation:\n  | [Mark retryable]",
 		"  | demo-oncall marked `wf-4:step-2:refund_payment` retryable at ",
