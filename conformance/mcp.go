@@ -12,7 +12,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/mcpkey"
 )
 
@@ -86,22 +85,11 @@ func (t *mcpTransport) stored(body json.RawMessage) json.RawMessage {
 }
 
 func mcpRequest(tool string, args json.RawMessage) json.RawMessage {
-	a, err := ledger.Canonical(args)
+	b, err := mcpkey.RequestBody(tool, args)
 	if err != nil {
 		return args
 	}
-	b, err := json.Marshal(struct {
-		Tool      string          `json:"tool"`
-		Arguments json.RawMessage `json:"arguments"`
-	}{tool, a})
-	if err != nil {
-		return args
-	}
-	c, err := ledger.Canonical(b)
-	if err != nil {
-		return args
-	}
-	return c
+	return b
 }
 
 func (t *mcpTransport) call(ctx context.Context, key string, body json.RawMessage, timeout time.Duration) reply {

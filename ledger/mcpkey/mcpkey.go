@@ -222,6 +222,15 @@ func keyOf(ctx context.Context, db ledger.DBTX, req *mcp.CallToolRequest, header
 // for a tool without arguments. For those, legacy is the form keys stored
 // before that rule have, {"arguments":null,"tool":name} (absent arguments
 // then fingerprinted as null); otherwise legacy is nil.
+// RequestBody is the request_body Wrap stores for a call of tool name with
+// args, {"arguments":…,"tool":name} in canonical JSON, absent and null
+// arguments as {}: what a probe's {request.arguments.PATH} reads, and what
+// conformance gives the probe it counts effects with.
+func RequestBody(name string, args json.RawMessage) (json.RawMessage, error) {
+	canon, _, err := requestOf(name, args)
+	return canon, err
+}
+
 func requestOf(name string, args json.RawMessage) (canon, legacy []byte, err error) {
 	a, err := ledger.Canonical(args)
 	if err != nil {
