@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"maps"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
@@ -228,6 +230,10 @@ type Engine struct {
 	// limits holds each probed tool's rate limiter and Retry-After pause,
 	// shared by every pass of this engine (built in New, read-only after).
 	limits map[string]*toolLimit
+
+	// commitTx commits a decisions' transaction (nil: tx.Commit); a test
+	// replaces it to break the connection under a COMMIT.
+	commitTx func(tx pgx.Tx, ctx context.Context) error
 }
 
 // New returns an engine. metrics may be nil.

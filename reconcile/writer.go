@@ -63,7 +63,7 @@ func (t *toolRun) decide(_ context.Context, pr probed) *plan {
 		return nil
 	}
 	return &plan{t: t, l: l, d: d, raise: pl.Raise, resolveHow: pl.ResolveHow, conclusive: pl.Conclusive, age: pl.Age,
-		resolve: pl.Resolve}
+		resolve: pl.Resolve, leasedAt: pr.leasedAt}
 }
 
 // plan is a decision ready to be written.
@@ -89,8 +89,11 @@ type plan struct {
 	// opening is logged, counted and alerted once, whatever the group).
 	breakerReporter bool
 	// dropped: the evidence was replaced by a note because the database
-	// refused it (see commitPlans).
+	// refused it (see commit).
 	dropped bool
+	// leasedAt: when the key was leased, on this process's clock: with
+	// the lease's length, how long its decision may still be written.
+	leasedAt time.Time
 }
 
 // afterDecide writes, inside the decision's transaction, the alerts it
@@ -247,12 +250,13 @@ func (p *pass) writeDecisions(ctx context.Context) {
 // plan at a time; a single plan that fails because the database refused
 // its evidence (encoding, size, a NUL) is retried once with the evidence
 // replaced by a note of what was dropped, so that no downstream answer can
-// leave a key undecided, uncounted and unalerted.
+// leave a key undecided, uncounted and unalerted. A failover under a write
+// is commitFollowing's.
 func (p *pass) commit(ctx context.Context, plans []*plan) {
 	if len(plans) == 0 {
 		return
 	}
-	err := p.commitPlans(ctx, plans)
+	err := p.commitFollowing(ctx, plans)
 	if err != nil && len(plans) > 1 {
 		for _, pl := range plans {
 			p.commit(ctx, []*plan{pl})
@@ -268,60 +272,196 @@ func (p *pass) commit(ctx context.Context, plans []*plan) {
 		for i := range pl.raise {
 			pl.raise[i].Details.LastError = note
 		}
-		err = p.commitPlans(ctx, plans)
+		err = p.commitFollowing(ctx, plans)
 	}
 	for _, pl := range plans {
 		pl.finish(err)
 	}
 }
 
-func (p *pass) commitPlans(ctx context.Context, plans []*plan) error {
+// Waits between the tries of a write through a failover.
+const (
+	failoverRetryBase = 250 * time.Millisecond
+	failoverRetryMax  = 2 * time.Second
+)
+
+// commitFollowing is commitPlans through a failover of the ledger's
+// database. A write that failed because its connection no longer reaches
+// a writable primary (ledger.FailoverReason: the node went down, was
+// demoted, turned read-only) is written again on a fresh connection (the
+// pool, following the primary, hands out no connection to the old node)
+// for as long as every plan's lease holds, so that a decision made is
+// recorded instead of its key being probed again after the lease lapses.
+// A COMMIT that was sent but not answered has an unknown outcome: before
+// anything else its audit rows are read back (store.AuditedAt, by the
+// transaction's own now()); present, the decisions committed and are
+// reported as written, never written twice (one audit row, one outbox
+// entry); absent, nothing committed and the write is tried again.
+func (p *pass) commitFollowing(ctx context.Context, plans []*plan) error {
+	deadline := writeDeadline(plans)
+	for n := 0; ; n++ {
+		at, atCommit, err := p.commitPlans(ctx, plans)
+		if err == nil {
+			return nil
+		}
+		reason, failover := ledger.FailoverReason(err)
+		if !failover {
+			return err
+		}
+		if atCommit {
+			committed, rerr := p.confirmCommit(ctx, plans, at, deadline)
+			if rerr != nil {
+				return fmt.Errorf("%w (the commit's outcome is unknown: %w)", err, rerr)
+			}
+			if committed {
+				p.e.logger.Warn("decisions committed under a broken connection: confirmed by their audit rows",
+					"decisions", len(plans), "reason", reason)
+				return nil
+			}
+		}
+		wait := backoff.Delay(failoverRetryBase, failoverRetryMax, n, backoff.Jitter(0.9, 1.1))
+		if time.Now().Add(wait).After(deadline) {
+			return fmt.Errorf("%w (the database did not take writes again while the leases held)", err)
+		}
+		p.e.logger.Debug("decisions not written: the database is failing over; trying again", "decisions", len(plans), "reason", reason, "in", wait)
+		if !sleepCtx(ctx, wait) {
+			return err
+		}
+	}
+}
+
+// writeDeadline is when the first of the plans' leases lapses, less the
+// lease margin: a write after it could land after another replica leased
+// the key.
+func writeDeadline(plans []*plan) time.Time {
+	var d time.Time
+	for _, pl := range plans {
+		until := pl.leasedAt.Add(pl.l.LeaseExpiresAt.Sub(pl.l.Now) - leaseMargin)
+		if d.IsZero() || until.Before(d) {
+			d = until
+		}
+	}
+	return d
+}
+
+// confirmCommit reads back, on another connection, whether the
+// transaction that started at at committed: its audit rows. Reading is
+// tried again while the database fails over, until deadline. committed:
+// the plans' outcomes are set from the audit rows read.
+func (p *pass) confirmCommit(ctx context.Context, plans []*plan, at, deadline time.Time) (committed bool, err error) {
+	keys := make([]string, len(plans))
+	for i, pl := range plans {
+		keys[i] = pl.l.Key.Key
+	}
+	for n := 0; ; n++ {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+		actions, err := store.AuditedAt(rctx, p.e.pool, keys, at)
+		cancel()
+		if err == nil {
+			if len(actions) == 0 {
+				return false, nil
+			}
+			for _, pl := range plans {
+				a := actions[pl.l.Key.Key]
+				pl.out = store.DecideResult{Action: a, Applied: a == pl.d.Action, Attempts: pl.l.Attempts}
+				pl.raised = nil
+			}
+			return true, nil
+		}
+		if _, failover := ledger.FailoverReason(err); !failover {
+			return false, err
+		}
+		wait := backoff.Delay(failoverRetryBase, failoverRetryMax, n, backoff.Jitter(0.9, 1.1))
+		if time.Now().Add(wait).After(deadline) || !sleepCtx(ctx, wait) {
+			return false, err
+		}
+	}
+}
+
+// sleepCtx waits d; false when ctx ended first (a hard stop).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// commitPlans writes plans in one transaction. at is the transaction's
+// now() (its audit rows' created_at); atCommit: the error came from a
+// COMMIT that may have reached the server (its outcome is unknown).
+func (p *pass) commitPlans(ctx context.Context, plans []*plan) (at time.Time, atCommit bool, err error) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
-	return pgx.BeginFunc(wctx, p.e.pool, func(tx pgx.Tx) error {
-		ds := make([]store.Decision, len(plans))
-		for i, pl := range plans {
-			ds[i] = pl.d
+	tx, err := p.e.pool.Begin(wctx)
+	if err != nil {
+		return at, false, err
+	}
+	defer func() { _ = tx.Rollback(wctx) }() // after a commit: nothing to roll back
+	if at, err = store.TxNow(wctx, tx); err != nil {
+		return at, false, err
+	}
+	if err = p.writePlans(wctx, tx, plans); err != nil {
+		return at, false, err
+	}
+	commit := p.e.commitTx
+	if commit == nil {
+		commit = pgx.Tx.Commit
+	}
+	if err = commit(tx, wctx); err != nil {
+		return at, !ledger.NothingWritten(err), err
+	}
+	return at, false, nil
+}
+
+// writePlans is the body of a group's transaction: the decisions, the
+// tools' breakers, the alerts.
+func (p *pass) writePlans(wctx context.Context, tx pgx.Tx, plans []*plan) error {
+	ds := make([]store.Decision, len(plans))
+	for i, pl := range plans {
+		ds[i] = pl.d
+	}
+	outs, err := store.DecideMany(wctx, tx, ds)
+	if err != nil {
+		return err
+	}
+	// The breakers, in tool order (two writers never wait on each
+	// other's breaker rows in opposite orders), before the alerts,
+	// which depend on whether the breaker is open.
+	counts := map[string]*verdictCount{}
+	for i, pl := range plans {
+		pl.out = outs[i]
+		if pl.t.policy.Probe == nil {
+			continue
 		}
-		outs, err := store.DecideMany(wctx, tx, ds)
+		vc := counts[pl.l.Tool]
+		if vc == nil {
+			vc = &verdictCount{tool: pl.l.Tool}
+			counts[pl.l.Tool] = vc
+		}
+		vc.add(pl.conclusive, pl.d.Error)
+	}
+	changes := map[string]breakerChange{}
+	for _, tool := range slices.Sorted(maps.Keys(counts)) {
+		ch, err := p.e.countVerdicts(wctx, tx, *counts[tool])
 		if err != nil {
 			return err
 		}
-		// The breakers, in tool order (two writers never wait on each
-		// other's breaker rows in opposite orders), before the alerts,
-		// which depend on whether the breaker is open.
-		counts := map[string]*verdictCount{}
-		for i, pl := range plans {
-			pl.out = outs[i]
-			if pl.t.policy.Probe == nil {
-				continue
-			}
-			vc := counts[pl.l.Tool]
-			if vc == nil {
-				vc = &verdictCount{tool: pl.l.Tool}
-				counts[pl.l.Tool] = vc
-			}
-			vc.add(pl.conclusive, pl.d.Error)
+		changes[tool] = ch
+	}
+	reported := map[string]bool{}
+	for _, pl := range plans {
+		pl.br = changes[pl.l.Tool]
+		pl.breakerReporter = !reported[pl.l.Tool]
+		reported[pl.l.Tool] = true
+		if err := pl.afterDecide(wctx, tx); err != nil {
+			return err
 		}
-		changes := map[string]breakerChange{}
-		for _, tool := range slices.Sorted(maps.Keys(counts)) {
-			ch, err := p.e.countVerdicts(wctx, tx, *counts[tool])
-			if err != nil {
-				return err
-			}
-			changes[tool] = ch
-		}
-		reported := map[string]bool{}
-		for _, pl := range plans {
-			pl.br = changes[pl.l.Tool]
-			pl.breakerReporter = !reported[pl.l.Tool]
-			reported[pl.l.Tool] = true
-			if err := pl.afterDecide(wctx, tx); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // evidenceRefused reports whether the database refused a write because of

@@ -600,3 +600,32 @@ func History(ctx context.Context, db ledger.DBTX, key string, limit int) ([]Audi
 	})
 	return out, wrap("read history", err)
 }
+
+// TxNow is the database's now() inside tx: the transaction's start, the
+// created_at of every audit row tx writes. A write whose COMMIT was
+// interrupted is told applied or not by its audit rows at that instant
+// (AuditedAt).
+func TxNow(ctx context.Context, tx pgx.Tx) (time.Time, error) {
+	var t time.Time
+	err := tx.QueryRow(ctx, `SELECT now()`).Scan(&t)
+	return t, wrap("read the transaction's time", err)
+}
+
+// AuditedAt returns, for each of keys with an audit row written at exactly
+// at (a transaction's now(): TxNow), the action of its newest one: the
+// decisions that transaction committed. Read after a COMMIT whose outcome
+// is unknown (the connection broke under it), on another connection: a
+// key present committed, absent did not (every decision and every
+// operator act writes an audit row in its own transaction). It reads each
+// key's own rows by reconcile_audit_key_idx.
+func AuditedAt(ctx context.Context, db ledger.DBTX, keys []string, at time.Time) (map[string]string, error) {
+	rows, err := db.Query(ctx, `SELECT DISTINCT ON (key) key, action FROM reconcile_audit
+		WHERE key = ANY($1) AND created_at = $2 ORDER BY key, id DESC`, keys, at)
+	if err != nil {
+		return nil, wrap("read audit rows of an interrupted commit", err)
+	}
+	out := map[string]string{}
+	var k, a string
+	_, err = pgx.ForEachRow(rows, []any{&k, &a}, func() error { out[k] = a; return nil })
+	return out, wrap("read audit rows of an interrupted commit", err)
+}
