@@ -42,7 +42,10 @@ const (
 )
 
 // hotVariants are the handlers measured side by side on one HTTP server.
-var hotVariants = []string{"raw", "middleware", "middleware+heartbeat"}
+// "middleware+follow" is "middleware" on a pool of the same size that
+// follows the primary across failovers (ledger.FollowPrimary: one atomic
+// load per acquire and release, a tracer on every statement): its cost.
+var hotVariants = []string{"raw", "middleware", "middleware+follow", "middleware+heartbeat"}
 
 // runHotPath measures the tool side: ledger.Middleware around a trivial
 // handler against the raw minimum (the same two statements by plain pgx)
@@ -97,8 +100,20 @@ func runHotPath(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if _, err := migrations.Up(ctx, pool, nil); err != nil {
 		return err
 	}
+	fc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return err
+	}
+	fc.MaxConns, fc.MinConns = pc.MaxConns, pc.MinConns
+	fc.ConnConfig.Tracer = counter
+	ledger.FollowPrimary(fc, ledger.FollowOptions{})
+	following, err := pgxpool.NewWithConfig(ctx, fc)
+	if err != nil {
+		return err
+	}
+	defer following.Close()
 
-	h := hotHandlers(pool)
+	h := hotHandlers(pool, following)
 	ts := httptest.NewServer(h)
 	defer ts.Close()
 	tr := &http.Transport{MaxIdleConns: *inFlight, MaxIdleConnsPerHost: *inFlight, IdleConnTimeout: time.Minute}
@@ -257,7 +272,7 @@ func runHotPath(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 // hotHandlers serves /raw, /middleware and /middleware+heartbeat.
-func hotHandlers(pool *pgxpool.Pool) http.Handler {
+func hotHandlers(pool, following *pgxpool.Pool) http.Handler {
 	tool := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
@@ -265,6 +280,7 @@ func hotHandlers(pool *pgxpool.Pool) http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/middleware", ledger.Middleware(ledger.MiddlewareConfig{DB: pool, Tool: "create_ticket"}, http.HandlerFunc(tool)))
+	mux.Handle("/middleware+follow", ledger.Middleware(ledger.MiddlewareConfig{DB: following, Tool: "create_ticket"}, http.HandlerFunc(tool)))
 	mux.Handle("/middleware+heartbeat", ledger.Middleware(ledger.MiddlewareConfig{DB: pool, Tool: "create_ticket"},
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			a, ok := ledger.AttemptFromContext(r.Context())
