@@ -1,0 +1,37 @@
+// Package console is ledgerkeeper's web console: an http.Handler that
+// serve mounts at /ui/ on its listener (http.console.enabled) and that
+// `ledgerkeeper console` serves alone.
+//
+// Pages are rendered on the server with html/template (every value escaped
+// by its context) from templates and a stylesheet embedded with go:embed;
+// the pages run no script at all, and every answer carries a strict
+// Content-Security-Policy (default-src 'none'; style-src 'self'; no script,
+// no frames, forms posting to the console only).
+//
+// # Who may see and do what
+//
+// Every request is authenticated by Config.Auth before anything is read:
+// basic (HTTP Basic against bcrypt hashes), proxy (a trusted header such as
+// X-Forwarded-User, believed only from Config.ProxyCIDRs), or none (one
+// user, "local", allowed only when the listener is loopback: New refuses it
+// otherwise). A signed-in user may read every page; acting needs a grant in
+// Config.Operators (every action, or a list of them). Each state-changing
+// request is a POST, checked in its own handler by the same grant the page
+// used to draw the button (a hidden button is not a check): without it the
+// answer is 403 and nothing is written. Cross-site POSTs are refused by Go's
+// http.CrossOriginProtection before any handler runs.
+//
+// # Actions
+//
+// Hold, release, mark retryable and store outcome call the operator package,
+// as the command line and Slack do, with the actor console:<user>, so they
+// get the same refusals (in flight, held, a 5xx outcome, a key claimed again
+// since the page was loaded: the form carries the claimed_at it showed) and
+// the same audit rows. Mark retryable and store outcome are confirmed on a
+// second page that repeats what every retry will receive.
+//
+// # What is shown
+//
+// Request and response bodies, evidence and errors pass through the one
+// redactor (internal/secret) before they are rendered.
+package console
