@@ -49,7 +49,7 @@ func Hold(ctx context.Context, db store.Beginner, req HoldRequest) (HoldResult, 
 		return HoldResult{}, err
 	}
 	var out HoldResult
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := inTx(ctx, db, req.Key, nil, func(tx pgx.Tx) error {
 		if req.Replace {
 			var err error
 			out.Replaced, err = store.ReplaceHold(ctx, tx, req.Key, req.Reason, req.Actor)
@@ -86,7 +86,7 @@ func Release(ctx context.Context, db store.Beginner, req ReleaseRequest) error {
 	if req.Actor == "" {
 		return ErrNoActor
 	}
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return store.ReleaseHoldNoted(ctx, tx, req.Key, req.Actor, req.Note) })
+	err := inTx(ctx, db, req.Key, nil, func(tx pgx.Tx) error { return store.ReleaseHoldNoted(ctx, tx, req.Key, req.Actor, req.Note) })
 	if errors.Is(err, ledger.ErrNotFound) {
 		return ErrNotHeld
 	}

@@ -54,6 +54,10 @@ type ResolveRequest struct {
 	// attempt never settles another, whose effect may have happened. Nil:
 	// the key's claim as Resolve reads it (the CLI reads and acts at once).
 	ClaimedAt *time.Time
+
+	// commit commits the transaction (nil: tx.Commit); a test replaces it
+	// to break the connection under a COMMIT.
+	commit func(pgx.Tx, context.Context) error
 }
 
 // ActionReclaimed is RefusedError.Action when the key was claimed again
@@ -118,7 +122,7 @@ func Resolve(ctx context.Context, db store.Beginner, req ResolveRequest) (Resolv
 		window time.Duration
 		closed int
 	)
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := inTx(ctx, db, req.Key, req.commit, func(tx pgx.Tx) error {
 		var err error
 		k, err = ledger.Get(ctx, tx, req.Key)
 		if errors.Is(err, ledger.ErrNotFound) {

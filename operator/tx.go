@@ -1,0 +1,111 @@
+package operator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
+)
+
+// failoverWait bounds how long an operator's act waits for the ledger's
+// database to take writes again (a planned switchover takes seconds; a
+// primary that died, about a minute to be replaced): the person acting is
+// told "done" or "not done" within it, never "error" for an act that
+// committed.
+var failoverWait = 90 * time.Second
+
+// inTx runs fn, an operator's act on key, in one transaction through a
+// failover of the ledger's database. A write whose connection no longer
+// reaches a writable primary (ledger.FailoverReason) wrote nothing and is
+// run again on a fresh connection. A COMMIT that was sent but not answered
+// has an unknown outcome: the key's audit rows at the transaction's own
+// now() tell (store.AuditedAt, read on another connection): present, the
+// act committed and inTx returns nil, fn's results those of the run that
+// committed; absent, fn runs again (its checks, under the row lock, see
+// the key as it is now). commit is tx.Commit; tests replace it.
+func inTx(ctx context.Context, db store.Beginner, key string, commit func(pgx.Tx, context.Context) error, fn func(tx pgx.Tx) error) error {
+	if commit == nil {
+		commit = pgx.Tx.Commit
+	}
+	deadline := time.Now().Add(failoverWait)
+	for n := 0; ; n++ {
+		at, atCommit, err := runTx(ctx, db, commit, fn)
+		if err == nil {
+			return nil
+		}
+		if _, failover := ledger.FailoverReason(err); !failover {
+			return err
+		}
+		if atCommit {
+			committed, rerr := auditedAt(ctx, db, key, at, deadline)
+			if rerr != nil {
+				return fmt.Errorf("the database failed over under the commit and whether it went through is unknown (see 'ledgerkeeper inspect %s'): %w", key, rerr)
+			}
+			if committed {
+				return nil
+			}
+		}
+		wait := backoff.Delay(250*time.Millisecond, 2*time.Second, n, backoff.Jitter(0.9, 1.1))
+		if time.Now().Add(wait).After(deadline) {
+			return fmt.Errorf("not done: the database did not take writes for %s (it is failing over): %w", failoverWait, err)
+		}
+		if !sleep(ctx, wait) {
+			return fmt.Errorf("not done: %w", err)
+		}
+	}
+}
+
+// runTx is one run of fn; at is the transaction's now(), atCommit that the
+// error came from a COMMIT that may have reached the server.
+func runTx(ctx context.Context, db store.Beginner, commit func(pgx.Tx, context.Context) error, fn func(tx pgx.Tx) error) (at time.Time, atCommit bool, err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return at, false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after a commit: nothing to roll back
+	if at, err = store.TxNow(ctx, tx); err != nil {
+		return at, false, err
+	}
+	if err = fn(tx); err != nil {
+		return at, false, err
+	}
+	if err = commit(tx, ctx); err != nil {
+		return at, !ledger.NothingWritten(err), err
+	}
+	return at, false, nil
+}
+
+// auditedAt reads whether key has an audit row written at at, trying
+// again while the database fails over, until deadline.
+func auditedAt(ctx context.Context, db ledger.DBTX, key string, at, deadline time.Time) (bool, error) {
+	for n := 0; ; n++ {
+		got, err := store.AuditedAt(ctx, db, []string{key}, at)
+		if err == nil {
+			_, ok := got[key]
+			return ok, nil
+		}
+		if _, failover := ledger.FailoverReason(err); !failover {
+			return false, err
+		}
+		wait := backoff.Delay(250*time.Millisecond, 2*time.Second, n, backoff.Jitter(0.9, 1.1))
+		if time.Now().Add(wait).After(deadline) || !sleep(ctx, wait) {
+			return false, err
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
