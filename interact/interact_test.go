@@ -721,6 +721,7 @@ func TestDoubleClickOneWins(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
+	settle(t, r.h) // the answers follow the acknowledgements
 	eq(t, "status", r.key(t, key).Status, ledger.StatusFailedRetryable)
 	eq(t, "decisions", r.db.Count(t, "reconcile_audit WHERE key = $1 AND action = $2", key, store.ActionOperatorMarkedRetryable), 1)
 	var won, told int
