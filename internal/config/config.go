@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/netip"
 	"net/url"
 	"sort"
 	"strings"
@@ -48,6 +49,7 @@ type Config struct {
 	Retention expiry.Config             `yaml:"retention" json:"retention"`
 	Alerts    Alerts                    `yaml:"alerts" json:"alerts"`
 	HTTP      HTTP                      `yaml:"http" json:"http"`
+	Console   Console                   `yaml:"console" json:"console"`
 	Log       Log                       `yaml:"log" json:"log"`
 
 	// File is where the configuration came from ("" for built-in defaults).
@@ -318,7 +320,66 @@ type SlackOperator struct {
 
 // HTTP is the daemon's own listener.
 type HTTP struct {
-	Listen string `yaml:"listen" json:"listen" default:":9464"`
+	Listen  string      `yaml:"listen" json:"listen" default:":9464"`
+	Console HTTPConsole `yaml:"console" json:"console"`
+}
+
+// HTTPConsole says whether serve's listener serves the web console.
+type HTTPConsole struct {
+	// Enabled mounts the console at /ui/ on http.listen. Default true
+	// (daemon.Settle fills it, so config check prints what is in force).
+	Enabled *bool `yaml:"enabled" json:"enabled"`
+}
+
+// ConsoleEnabled reports whether serve mounts the console (the default).
+func (h HTTP) ConsoleEnabled() bool { return h.Console.Enabled == nil || *h.Console.Enabled }
+
+// Console is the web console's access (package console): who signs in and
+// how, who may act, and where it is reached.
+type Console struct {
+	// Auth is basic (users and bcrypt hashes), proxy (a trusted header
+	// from ProxyCIDRs) or none (loopback listeners only).
+	Auth string `yaml:"auth" json:"auth" default:"basic" oneof:"basic proxy none"`
+	// Users maps a user name to its bcrypt hash (auth basic); a value may
+	// be ${VAR}.
+	Users map[string]Secret `yaml:"users" json:"users,omitempty"`
+	// UsersFile holds more users, one name:bcrypt-hash a line (htpasswd
+	// -B's form).
+	UsersFile string `yaml:"users_file" json:"users_file,omitempty"`
+	// ProxyHeader names the user (auth proxy).
+	ProxyHeader string `yaml:"proxy_header" json:"proxy_header" default:"X-Forwarded-User"`
+	// ProxyCIDRs are the proxy's addresses: the header of any other peer
+	// is not believed.
+	ProxyCIDRs []string `yaml:"proxy_cidrs" json:"proxy_cidrs,omitempty"`
+	// Operators maps a user to the actions it may take (hold, release,
+	// mark_retryable, store_outcome); an empty list is all of them.
+	// Everyone else reads only.
+	Operators map[string][]string `yaml:"operators" json:"operators,omitempty"`
+	// PublicURL is where people reach the console (https://lk.example.com):
+	// Slack alerts link to their keys' pages under it.
+	PublicURL string `yaml:"public_url" json:"public_url,omitempty"`
+	// Listen is `ledgerkeeper console`'s own address (serve uses
+	// http.listen).
+	Listen string `yaml:"listen" json:"listen" default:"127.0.0.1:9465"`
+}
+
+// CheckSettings refuses console settings no request could pass: a proxy
+// CIDR that does not parse, auth proxy without CIDRs, a public URL that is
+// not http(s).
+func (c *Console) CheckSettings(r *settings.Report) {
+	for _, cidr := range c.ProxyCIDRs {
+		if _, err := netip.ParsePrefix(cidr); err != nil {
+			r.Field(&c.ProxyCIDRs, "%q is not a CIDR (like 10.0.0.0/8 or 192.0.2.7/32)", cidr)
+		}
+	}
+	if c.Auth == "proxy" && len(c.ProxyCIDRs) == 0 {
+		r.Field(&c.ProxyCIDRs, "required with auth proxy: the proxy's addresses (a header from anyone else is not believed)")
+	}
+	if u := c.PublicURL; u != "" {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			r.Field(&c.PublicURL, "must be an http(s) URL (where people reach the console)")
+		}
+	}
 }
 
 // Log configures log/slog output on stderr.

@@ -60,6 +60,7 @@ func applyDefaults(c *config.Config) {
 	c.Alerts.RenotifyAfter = orDur(c.Alerts.RenotifyAfter, c.Reconcile.RenotifyAfter)
 	c.Alerts.MaxKeysPerMessage = cmp.Or(c.Alerts.MaxKeysPerMessage, alerts.DefaultMaxKeysPerMessage)
 	c.Alerts.Slack.Timeout = orDur(c.Alerts.Slack.Timeout, alerts.DefaultSlackTimeout)
+	c.HTTP.Console.Enabled = cmp.Or(c.HTTP.Console.Enabled, ptr(true))
 	if c.Database.MaxConns == 0 {
 		c.Database.MaxConns = c.Reconcile.Concurrency + 4
 	}
@@ -84,6 +85,7 @@ func validate(c *config.Config) error {
 	}
 
 	errs = append(errs, validateInteractive(c)...)
+	errs = append(errs, validateConsole(c)...)
 
 	for _, name := range c.ToolNames() {
 		t := c.Tools[name]

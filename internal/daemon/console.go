@@ -1,0 +1,151 @@
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/ledgerkeeper/ledgerkeeper/console"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
+	"github.com/ledgerkeeper/ledgerkeeper/operator"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
+)
+
+// validateConsole checks the console section beyond its tags: the users
+// (inline and the users file: names, bcrypt hashes, each named once) and the
+// operators' names and actions.
+func validateConsole(c *config.Config) []*config.Error {
+	var errs []*config.Error
+	add := func(path, format string, args ...any) { errs = append(errs, c.ErrorAt(path, format, args...)) }
+	if _, err := consoleUsers(c); err != nil {
+		errs = append(errs, err)
+	}
+	for _, user := range slices.Sorted(maps.Keys(c.Console.Operators)) {
+		base := "console.operators." + user
+		if err := console.ValidUser(user); err != nil {
+			add(base, "%v", err)
+		}
+		seen := map[string]bool{}
+		for i, a := range c.Console.Operators[user] {
+			path := fmt.Sprintf("%s[%d]", base, i)
+			switch {
+			case !slices.Contains(console.Actions, console.Action(a)):
+				add(path, "unknown action %q (want hold, release, mark_retryable or store_outcome; an empty list is all of them)", a)
+			case seen[a]:
+				add(path, "action %q listed twice", a)
+			}
+			seen[a] = true
+		}
+	}
+	return errs
+}
+
+// consoleUsers gathers console.users and console.users_file; an error is
+// located at the setting (and the file's line) that is wrong. A hash never
+// appears in an error.
+func consoleUsers(c *config.Config) (map[string][]byte, *config.Error) {
+	users := map[string][]byte{}
+	if f := c.Console.UsersFile; f != "" {
+		fh, err := os.Open(f) //nolint:gosec // G304: the path is the operator's own setting, console.users_file
+		if err != nil {
+			return nil, c.ErrorAt("console.users_file", "%v", err)
+		}
+		defer fh.Close()
+		if users, err = console.ParseUsers(fh); err != nil {
+			return nil, c.ErrorAt("console.users_file", "%s: %v", f, err)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Console.Users)) {
+		path := "console.users." + name
+		if err := console.ValidUser(name); err != nil {
+			return nil, c.ErrorAt(path, "%v", err)
+		}
+		hash := c.Console.Users[name].Reveal()
+		if parsed, err := console.ParseUsers(strings.NewReader(name + ":" + hash)); err != nil || len(parsed) != 1 {
+			return nil, c.ErrorAt(path, "not a bcrypt hash (make one with htpasswd -nB %s)", name)
+		}
+		if _, dup := users[name]; dup {
+			return nil, c.ErrorAt(path, "user %s is also in console.users_file", name)
+		}
+		users[name] = []byte(hash)
+	}
+	return users, nil
+}
+
+// Loopback reports whether a listen address accepts loopback connections
+// only: a host that is a loopback address, or localhost.
+func Loopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
+}
+
+// BuildConsole builds the web console from the configuration, for a
+// listener on listen (auth none needs a loopback one). windows is what "in
+// flight" means per tool (the engine's, as Slack's and the CLI's resolve
+// use). An error is located at the setting that is wrong.
+func BuildConsole(c *config.Config, pool store.Beginner, windows operator.Windows, listen string, logger *slog.Logger) (*console.Handler, error) {
+	users, cerr := consoleUsers(c)
+	if cerr != nil {
+		return nil, cerr
+	}
+	ops := map[string][]console.Action{}
+	for user, acts := range c.Console.Operators {
+		ops[user] = []console.Action{}
+		for _, a := range acts {
+			ops[user] = append(ops[user], console.Action(a))
+		}
+	}
+	var cidrs []netip.Prefix
+	for _, s := range c.Console.ProxyCIDRs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, c.ErrorAt("console.proxy_cidrs", "%q is not a CIDR", s)
+		}
+		cidrs = append(cidrs, p.Masked())
+	}
+	h, err := console.New(console.Config{
+		Pool:        pool,
+		Auth:        console.Auth(c.Console.Auth),
+		Users:       users,
+		ProxyHeader: c.Console.ProxyHeader,
+		ProxyCIDRs:  cidrs,
+		Loopback:    Loopback(listen),
+		Operators:   ops,
+		Windows:     windows,
+		Redactor:    c.Redactor(),
+		Logger:      logger,
+	})
+	if err != nil {
+		return nil, c.ErrorAt("console.auth", "%v", err)
+	}
+	return h, nil
+}
+
+// ConsoleSummary is one line saying how the console is reached, for
+// serve's start-up log and `ledgerkeeper console`. It never shows a secret.
+func ConsoleSummary(c *config.Config, listen string) string {
+	users, _ := consoleUsers(c)
+	who := fmt.Sprintf("auth %s", c.Console.Auth)
+	switch c.Console.Auth {
+	case string(console.AuthBasic):
+		who += fmt.Sprintf(", %d user(s)", len(users))
+		if len(users) == 0 {
+			who += ": nobody can sign in until console.users or console.users_file names someone"
+		}
+	case string(console.AuthProxy):
+		who += " (" + c.Console.ProxyHeader + " from " + strings.Join(c.Console.ProxyCIDRs, ", ") + ")"
+	}
+	return fmt.Sprintf("console on http://%s%s, %s; %d operator(s) may act", listen, console.Path, who, len(c.Console.Operators))
+}
