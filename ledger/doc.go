@@ -3,8 +3,12 @@
 // column widths, the sentinel errors), Claim, Complete, Heartbeat, Abandon
 // and Get; Run, which applies them to one call of a tool whatever its
 // transport; the net/http Middleware, a thin adapter over Run (package
-// ledger/mcpkey is the MCP one); and Fingerprint, the request_hash of a
-// request's arguments.
+// ledger/mcpkey is the MCP one); Fingerprint, the request_hash of a
+// request's arguments; and NewPool and FollowPrimary, a pgxpool that
+// follows the writable primary across failovers (a node that turned
+// read-only, went into recovery or shut down is left by every connection),
+// with FailoverReason and NothingWritten, the classification of the errors
+// a failover produces.
 //
 // The reconciler's and the operator's side of the same table (leases,
 // decisions, holds, breakers, self-checks, stats, purge, audit) is package

@@ -195,6 +195,25 @@ func (p *serveProc) get(path string) int {
 	return resp.StatusCode
 }
 
+// metric reads one series' value from serve's /metrics (-1: absent).
+func (p *serveProc) metric(series string) float64 {
+	resp, err := http.Get("http://" + p.addr + "/metrics") //nolint:noctx // a local scrape
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}
+
 func (p *serveProc) running() bool {
 	select {
 	case <-p.exited:
@@ -405,6 +424,8 @@ func (sc scenario) run(t *testing.T) {
 		t.Fatalf("failover: %v", err)
 	}
 	failedOver := time.Since(t0)
+	const purgeOK = `ledgerkeeper_job_runs_total{result="ok",task="purge"}`
+	purgesBefore := srv.metric(purgeOK)
 	keys = append(keys, stuck(t, db, s, "after", 5, 0)...)
 
 	// Every stuck key decided, and decided right.
@@ -476,6 +497,16 @@ func (sc scenario) run(t *testing.T) {
 	}
 	if acked < calls*9/10 {
 		t.Errorf("only %d of %d calls acknowledged within their retries", acked, calls)
+	}
+
+	// Purge takes its session advisory lock again on the new primary.
+	testwait.Eventually(t, func() bool { return srv.metric(purgeOK) > purgesBefore }, 30*time.Second,
+		"a purge pass to succeed after the failover")
+	if w := srv.metric("ledgerkeeper_database_writable"); w != 1 {
+		t.Errorf("ledgerkeeper_database_writable = %v after recovery, want 1", w)
+	}
+	if srv.get("/readyz") != http.StatusOK {
+		t.Error("/readyz is not 200 after recovery")
 	}
 
 	// serve never restarted; the failover logged once, not per statement.
