@@ -7,15 +7,14 @@ package ledger_test
 // Complete reached the server).
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -272,130 +271,18 @@ func TestCheckWritableLeavesAReadOnlyNodeBeforeAnyWrite(t *testing.T) {
 	}
 }
 
-// cutProxy forwards TCP connections to a PostgreSQL server and, when armed
-// with a statement's text, cuts the connection that runs it: after the
-// server answered its execution (the commit happened, the answer is lost)
-// or before its execution reached the server (nothing happened, the client
-// cannot know).
-type cutProxy struct {
-	ln      net.Listener
-	backend string
-	mu      sync.Mutex
-	trigger []byte
-	after   bool // cut after the server answered
-	cuts    atomic.Int32
-	wg      sync.WaitGroup
-}
-
-func startCutProxy(t *testing.T, backendPort int) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln, backend: fmt.Sprintf("127.0.0.1:%d", backendPort)}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() { _ = ln.Close(); p.wg.Wait() })
-	return p
-}
-
-func (p *cutProxy) arm(trigger string, after bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.trigger, p.after = []byte(trigger), after
-}
-
-func (p *cutProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.backend)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.wg.Go(func() { p.pipe(c, s) })
-	}
-}
-
-// pipe runs one connection. pgx prepares a statement (its text, then an
-// answer) before it executes it (no text): the chunk after the one carrying
-// the trigger is the execution.
-func (p *cutProxy) pipe(client, server net.Conn) {
-	defer client.Close()
-	defer server.Close()
-	const (
-		idle = iota
-		prepared
-		executed
-	)
-	var state atomic.Int32
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := server.Read(buf)
-			if err != nil {
-				_ = client.Close()
-				return
-			}
-			if state.Load() == executed {
-				p.cuts.Add(1)
-				_ = client.Close() // the answer is dropped
-				_ = server.Close()
-				return
-			}
-			if _, err := client.Write(buf[:n]); err != nil {
-				return
-			}
-		}
-	}()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := client.Read(buf)
-		if err != nil {
-			break
-		}
-		chunk := buf[:n]
-		p.mu.Lock()
-		trigger, after := p.trigger, p.after
-		if state.Load() == prepared {
-			p.trigger = nil // one cut per arming
-		}
-		p.mu.Unlock()
-		switch {
-		case state.Load() == prepared && after:
-			state.Store(executed) // forward it; drop what comes back
-		case state.Load() == prepared:
-			p.cuts.Add(1) // never reaches the server
-			_ = client.Close()
-			_ = server.Close()
-		case trigger != nil && bytes.Contains(chunk, trigger):
-			state.Store(prepared)
-		}
-		if _, err := server.Write(chunk); err != nil {
-			break
-		}
-	}
-	_ = server.Close()
-	<-done
-}
-
 // proxied is a tool server whose ledger connections run through a cutProxy
 // to a fresh database, one connection at a time (so each statement is
 // prepared on it first).
-func proxied(t *testing.T) (*mwBundle, *cutProxy, *ledgertest.DB) {
+func proxied(t *testing.T) (*mwBundle, *ledgertest.CutProxy, *ledgertest.DB) {
 	t.Helper()
 	db := ledgertest.New(t)
 	cfg, err := pgx.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := startCutProxy(t, int(cfg.Port))
-	pc, err := pgxpool.ParseConfig(fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable&pool_max_conns=1", cfg.User, proxy.ln.Addr(), cfg.Database))
+	proxy := ledgertest.StartCutProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	pc, err := pgxpool.ParseConfig(fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable&pool_max_conns=1", cfg.User, proxy.Addr(), cfg.Database))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,11 +304,11 @@ func proxied(t *testing.T) (*mwBundle, *cutProxy, *ledgertest.DB) {
 func TestClaimWhoseCommitIsUnknownAnswers503AndTheRetryFindsTheClaim(t *testing.T) {
 	t.Parallel()
 	b, proxy, db := proxied(t)
-	proxy.arm("INSERT INTO idempotency_keys", true)
+	proxy.Arm("INSERT INTO idempotency_keys", true)
 	a := b.mustCall(t, "lost-claim", mwBody)
 	wantProblem(t, "claim whose answer was lost", a, http.StatusServiceUnavailable, ledger.ProblemLedgerUnavailable)
-	if proxy.cuts.Load() != 1 {
-		t.Fatalf("the proxy cut %d connections, want 1", proxy.cuts.Load())
+	if proxy.Cuts() != 1 {
+		t.Fatalf("the proxy cut %d connections, want 1", proxy.Cuts())
 	}
 	if n := db.Count(t, `idempotency_keys WHERE key = 'lost-claim' AND status = 'processing'`); n != 1 {
 		t.Fatalf("the claim's row: %d processing, want 1 (the commit happened)", n)
@@ -440,14 +327,14 @@ func TestClaimWhoseCommitIsUnknownAnswers503AndTheRetryFindsTheClaim(t *testing.
 func TestCompleteLostAcrossAFailoverLeavesTheKeyProcessing(t *testing.T) {
 	t.Parallel()
 	b, proxy, db := proxied(t)
-	proxy.arm("SET status = 'completed'", false)
+	proxy.Arm("SET status = 'completed'", false)
 	a := b.mustCall(t, "lost-complete", mwBody)
 	testwait.Recv(t, b.tool.started, testwait.Timeout)
 	if a.code != http.StatusCreated {
 		t.Fatalf("answer: %d %s, want the tool's 201", a.code, a.raw)
 	}
-	if proxy.cuts.Load() != 1 {
-		t.Fatalf("the proxy cut %d connections, want 1", proxy.cuts.Load())
+	if proxy.Cuts() != 1 {
+		t.Fatalf("the proxy cut %d connections, want 1", proxy.Cuts())
 	}
 	if n := db.Count(t, `idempotency_keys WHERE key = 'lost-complete' AND status = 'processing'`); n != 1 {
 		t.Fatalf("%d processing rows for the key, want 1: left for the reconciler", n)
