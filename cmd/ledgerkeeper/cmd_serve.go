@@ -111,6 +111,11 @@ counted as an attempt); purge and alert delivery stop at once.`,
 			if inter != nil {
 				logger.Info("slack actions on", inter.LogAttrs(a.cfg)...)
 			}
+			// The web console at /ui/ (http.console.enabled).
+			routes, err := daemon.ConsoleRoutes(a.cfg, pool, eng.Windows, logger.With("component", "console"), inter.Routes())
+			if err != nil {
+				return &configError{err}
+			}
 			ledgerGauges := daemon.NewLedgerMetrics(reg)
 			idleRuns := &idleRecorder{every: idleAlertsRunEvery}
 
@@ -119,7 +124,7 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				Registry:   reg,
 				Logger:     logger,
 				RunAtStart: runAtStart,
-				Routes:     inter.Routes(),
+				Routes:     routes,
 				Services:   append([]daemon.Service{health}, inter.Services()...),
 				QuietError: health.Quiet,
 				Ready: func(ctx context.Context) error {

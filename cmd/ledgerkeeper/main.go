@@ -102,6 +102,7 @@ keys, and alerts on Slack for everything it cannot resolve.`,
 		newProbeCmd(a),
 		newConformanceCmd(a),
 		newServeCmd(a),
+		newConsoleCmd(a),
 		newVersionCmd(a),
 	)
 	parentOnly(root, true)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -148,4 +149,25 @@ func ConsoleSummary(c *config.Config, listen string) string {
 		who += " (" + c.Console.ProxyHeader + " from " + strings.Join(c.Console.ProxyCIDRs, ", ") + ")"
 	}
 	return fmt.Sprintf("console on http://%s%s, %s; %d operator(s) may act", listen, console.Path, who, len(c.Console.Operators))
+}
+
+// ConsoleRoutes adds the web console to serve's routes (at console.Path on
+// http.listen) when http.console.enabled, and logs how it is reached;
+// routes is returned as it is otherwise. An error is located at the
+// setting that is wrong.
+func ConsoleRoutes(c *config.Config, pool store.Beginner, windows operator.Windows, logger *slog.Logger, routes map[string]http.Handler) (map[string]http.Handler, error) {
+	if !c.HTTP.ConsoleEnabled() || c.HTTP.Listen == "" {
+		return routes, nil
+	}
+	h, err := BuildConsole(c, pool, windows, c.HTTP.Listen, logger)
+	if err != nil {
+		return nil, err
+	}
+	out := maps.Clone(routes)
+	if out == nil {
+		out = map[string]http.Handler{}
+	}
+	out[console.Path] = h
+	logger.Info("console on", "summary", ConsoleSummary(c, c.HTTP.Listen))
+	return out, nil
 }
