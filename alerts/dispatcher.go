@@ -83,6 +83,10 @@ type Config struct {
 	// #<reason>. Empty (or not a plain http(s) URL): messages name the
 	// section as text.
 	RunbookURL string
+	// ConsoleURL is where the web console is reached
+	// (console.public_url): each key listed links to its page there.
+	// Empty (or not a plain http(s) URL): no link.
+	ConsoleURL string
 	// Now is the clock for due times, leases and back-off. Nil: the
 	// database's now(), one clock for every replica. Tests pin it.
 	Now func() time.Time
@@ -187,7 +191,7 @@ func New(pool *pgxpool.Pool, cfg Config, notifier Notifier, logger *slog.Logger,
 		notifier: notifier,
 		logger:   logger,
 		metrics:  metrics,
-		render:   newRenderer(cfg.RunbookURL, cfg.MaxKeysPerMessage).withRedactor(cfg.Redactor).withInteractive(cfg.Interactive),
+		render:   newRenderer(cfg.RunbookURL, cfg.MaxKeysPerMessage).withRedactor(cfg.Redactor).withInteractive(cfg.Interactive).withConsole(cfg.ConsoleURL),
 		sem:      make(chan struct{}, 1),
 	}
 }

@@ -98,6 +98,9 @@ type renderer struct {
 	red *secret.Redactor
 	// interactive: firing messages carry action buttons (see actions.go).
 	interactive bool
+	// consoleURL is where the web console is reached (no trailing /); ""
+	// draws no link to a key's page.
+	consoleURL string
 }
 
 var safeLinkRE = regexp.MustCompile(`^https?://[^\s<>|"` + "`" + `]+$`)
@@ -123,6 +126,23 @@ func (r renderer) withRedactor(red *secret.Redactor) renderer {
 func (r renderer) withInteractive(on bool) renderer {
 	r.interactive = on
 	return r
+}
+
+// withConsole returns r linking each key to its page in the web console
+// at base (console.public_url), kept only if it can sit inside Slack's
+// <url|text> link syntax unharmed.
+func (r renderer) withConsole(base string) renderer {
+	if u, err := url.Parse(base); err == nil && u.Host != "" && safeLinkRE.MatchString(base) && len(base) <= 200 {
+		u.Fragment, u.RawQuery = "", ""
+		r.consoleURL = strings.TrimRight(u.String(), "/")
+	}
+	return r
+}
+
+// consoleRef links a key to its page in the console: the key travels as a
+// query value, escaped, so no character of it can end the link.
+func (r renderer) consoleRef(key string) string {
+	return "<" + escape(r.consoleURL+"/ui/key?key="+url.QueryEscape(key)) + "|open in the console>"
 }
 
 // runbookRef is the runbook section for a reason: a link from our own
@@ -296,6 +316,9 @@ func (r renderer) itemText(kind Kind, it item, now time.Time) string {
 		}
 	}
 	b.WriteString("\n*Inspect:* " + inspectCommand(it))
+	if r.consoleURL != "" && it.key != "" {
+		b.WriteString(" · " + r.consoleRef(it.key))
+	}
 	if kind == KindFiring {
 		if next := nextCommands(it); next != "" {
 			b.WriteString("\n*Next:* " + next)

@@ -54,6 +54,8 @@ func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metric
 		NotifyTimeout:     notifyTimeout,
 		MaxKeysPerMessage: a.cfg.Alerts.MaxKeysPerMessage,
 		RunbookURL:        a.cfg.Alerts.RunbookURL,
+		// Each key links to its page in the web console.
+		ConsoleURL: a.cfg.Console.PublicURL,
 		// Probe errors in messages lose every configured secret.
 		Redactor: a.cfg.Redactor(),
 		// Buttons only when a transport handles them (Settle refuses
