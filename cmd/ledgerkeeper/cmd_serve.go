@@ -32,7 +32,7 @@ func newServeCmd(a *app) *cobra.Command {
 		Long: `Run the daemon. On the schedules in the configuration (robfig/cron specs) it
 runs reconcile passes (schedule.reconcile), purge passes (schedule.purge) and
 alert delivery (schedule.alerts), and it serves /metrics (Prometheus),
-/healthz (alive) and /readyz (database reachable, schema current) on
+/healthz (alive) and /readyz (ledger database writable, schema current) on
 http.listen. With alerts.slack.interactive on-call acts from the alert
 messages: over Socket Mode (alerts.slack.app_token) and/or POST
 /slack/interactions on the same listener (alerts.slack.signing_secret).
