@@ -68,7 +68,7 @@ func (h *Handler) readForm(w http.ResponseWriter, r *http.Request) (form, bool) 
 
 // answer turns an operator error into the key's page with the refusal
 // (or into a logged failure), and success into a redirect to the page
-// saying what was done.
+// saying what was done (done: a key of doneText).
 func (h *Handler) answer(w http.ResponseWriter, r *http.Request, key string, err error, done string) {
 	switch {
 	case err == nil:
@@ -100,7 +100,7 @@ func (h *Handler) hold(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.actionContext(r)
 	defer cancel()
 	_, err := operator.Hold(ctx, h.cfg.Pool, operator.HoldRequest{Key: f.Key, Reason: f.Reason, Actor: actor(userOf(r))})
-	h.answer(w, r, f.Key, err, "put on hold")
+	h.answer(w, r, f.Key, err, "hold")
 }
 
 func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
@@ -114,7 +114,7 @@ func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.actionContext(r)
 	defer cancel()
 	err := operator.Release(ctx, h.cfg.Pool, operator.ReleaseRequest{Key: f.Key, Actor: actor(userOf(r)), Note: f.Reason})
-	h.answer(w, r, f.Key, err, "released")
+	h.answer(w, r, f.Key, err, "release")
 }
 
 // confirmData is the confirmation of an act every retry will see.
@@ -152,7 +152,7 @@ func (h *Handler) retryable(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.actionContext(r)
 	defer cancel()
 	_, err := operator.Resolve(ctx, h.cfg.Pool, req)
-	h.answer(w, r, f.Key, err, "marked retryable")
+	h.answer(w, r, f.Key, err, "retryable")
 }
 
 func (h *Handler) outcome(w http.ResponseWriter, r *http.Request) {
@@ -188,7 +188,7 @@ func (h *Handler) outcome(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.actionContext(r)
 	defer cancel()
 	_, err = operator.Resolve(ctx, h.cfg.Pool, req)
-	h.answer(w, r, f.Key, err, "outcome stored (HTTP "+strconv.Itoa(code)+")")
+	h.answer(w, r, f.Key, err, "outcome")
 }
 
 // checkResolve refuses a resolve wrong in itself before the confirmation

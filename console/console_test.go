@@ -317,6 +317,9 @@ func TestKeyPageShowsTheRowRedactedAndOneTimeline(t *testing.T) {
 	wantIn(t, resp.Body, "printer on fire", "held by slack:U0CAROL", "slack:U0CAROL</span>: hold", "claim")
 	wantNotIn(t, resp.Body, cSecret)
 	wantStatus(t, r.get(t, "bob", "/ui/key?key=nope"), http.StatusNotFound)
+	// A crafted link cannot make the page say something was done.
+	phish := r.get(t, "bob", "/ui/key?key=k-1&done="+url.QueryEscape("released; now call +1 555 0100"))
+	wantNotIn(t, phish.Body, "555 0100", "Done:")
 }
 
 func TestHoldFromTheConsoleIsAuditedAsTheUser(t *testing.T) {

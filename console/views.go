@@ -67,6 +67,15 @@ func parsePages() (map[string]*template.Template, error) {
 	return pages, nil
 }
 
+// doneText is what an action's redirect may say it did (?done=): fixed
+// texts, so a crafted link cannot make the console say anything else.
+var doneText = map[string]string{
+	"hold":      "put on hold",
+	"release":   "released",
+	"retryable": "marked retryable",
+	"outcome":   "outcome stored",
+}
+
 // page is what every page's template receives.
 type page struct {
 	Title string
@@ -80,7 +89,7 @@ type page struct {
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any, errText string) {
 	var buf bytes.Buffer
-	p := page{Title: title, User: userOf(r), Done: r.URL.Query().Get("done"), Err: errText, Data: data}
+	p := page{Title: title, User: userOf(r), Done: doneText[r.URL.Query().Get("done")], Err: errText, Data: data}
 	if err := h.pages[name].ExecuteTemplate(&buf, "base", p); err != nil {
 		h.log.Error("console: render", "page", name, "err", h.red.Error(err))
 		http.Error(w, "the page could not be drawn (see serve's log)", http.StatusInternalServerError)
