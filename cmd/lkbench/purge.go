@@ -6,10 +6,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -95,6 +97,7 @@ func batchLoop(ctx context.Context, db *pgxpool.Pool, batch int, pause func() ti
 
 type purgeResult struct {
 	Variant        string  `json:"variant"`
+	Round          int     `json:"round"`
 	Rows           int64   `json:"rows_purged"`
 	Seconds        float64 `json:"purge_seconds"`
 	RowsPerSecond  float64 `json:"rows_per_second"`
@@ -128,6 +131,7 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		baseline  = fs.Duration("baseline", 30*time.Second, "measurement window of the no-purge variant")
 		after     = fs.Duration("after", 15*time.Second, "measurement window after each purge ends")
 		variants  = fs.String("variants", "none,delete,river,ledgerkeeper", "variants to run, in order")
+		rounds    = fs.Int("rounds", 1, "run the variants this many times, every other round in reverse order (ABBA), for medians, spreads and the none-vs-none noise floor")
 		jsonOut   = fs.String("json", "", "also write the results to this file as JSON")
 		batchSize = fs.Int("batch-size", 0, "ledgerkeeper: retention.batch_size (0: the default)")
 		duty      = fs.Float64("duty-cycle", 0, "ledgerkeeper: retention.duty_cycle (0: the default)")
@@ -175,21 +179,35 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer srv.dropDB(context.WithoutCancel(ctx), base)
 
+	if *rounds < 1 {
+		return fmt.Errorf("--rounds must be at least 1")
+	}
 	var results []purgeResult
-	for _, name := range names {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	for round := range *rounds {
+		order := slices.Clone(names)
+		if round%2 == 1 {
+			slices.Reverse(order) // ABBA: neither variant always runs on a warmer machine
 		}
-		r, err := runVariant(ctx, srv, base, name, lkCfg, *rate, *workers, *warmup, *baseline, *after, logf)
-		if err != nil {
-			return fmt.Errorf("variant %s: %w", name, err)
+		for _, name := range order {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r, err := runVariant(ctx, srv, base, name, lkCfg, *rate, *workers, *warmup, *baseline, *after, logf)
+			if err != nil {
+				return fmt.Errorf("variant %s: %w", name, err)
+			}
+			r.Round = round + 1
+			results = append(results, r)
 		}
-		results = append(results, r)
 	}
 
 	fmt.Fprintf(stdout, "keys %d (%d expired), writer %.0f claim+complete/s, %d workers; ledgerkeeper: batch_size %d, duty_cycle %.2f, batch_target %s, batch_pause %s\n\n",
 		keys, keys/2, *rate, *workers, lkCfg.BatchSize, lkCfg.DutyCycle, lkCfg.BatchTarget, lkCfg.BatchPause)
 	printPurgeResults(stdout, results)
+	if *rounds > 1 {
+		fmt.Fprintln(stdout)
+		printPurgeSpread(stdout, names, results)
+	}
 	if *jsonOut != "" {
 		b, _ := json.MarshalIndent(map[string]any{
 			"keys": keys, "rate": *rate, "workers": *workers, "scale": *scale,
@@ -373,7 +391,9 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 	hash := strings.Repeat("ab", 32)
 	body := json.RawMessage(`{"customer_id":"cus_1","amount_cents":1200,"summary":"bench"}`)
 	loop := &openLoop{rate: rate, workers: workers, op: func(ctx context.Context, i int64) error {
-		key := fmt.Sprintf("bench-%s-%d", name, i)
+		// The same length for every variant: a fixed-width tag of its name.
+		// (Each variant runs on its own copy of the ledger: no key collides.)
+		key := fmt.Sprintf("bench-%08x-%012d", crc32.ChecksumIEEE([]byte(name)), i)
 		r, err := ledger.Claim(ctx, writerPool, ledger.ClaimParams{Key: key, Tool: "bench_writer", RequestHash: hash, RequestBody: body})
 		if err != nil {
 			return err
@@ -465,11 +485,11 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 }
 
 func printPurgeResults(w io.Writer, results []purgeResult) {
+	// The ratios' base: the median of every no-purge window of the run
+	// (not whichever came last).
 	var base *latency
-	for _, r := range results {
-		if r.Variant == "none" {
-			base = &r.During
-		}
+	if b, ok := noneBaseline(results); ok {
+		base = &b
 	}
 	ratio := func(v, b float64) string {
 		if base == nil || b == 0 {
@@ -504,6 +524,65 @@ func printPurgeResults(w io.Writer, results []purgeResult) {
 			fmt.Fprintf(w, "%s: %d writer requests failed\n", r.Variant, r.During.Errors+r.After.Errors)
 		}
 	}
+}
+
+// noneBaseline is the median p50 and p99 of the run's no-purge windows.
+func noneBaseline(results []purgeResult) (latency, bool) {
+	var p50, p99 []float64
+	for _, r := range results {
+		if r.Variant == "none" {
+			p50, p99 = append(p50, r.During.P50ms), append(p99, r.During.P99ms)
+		}
+	}
+	if len(p50) == 0 {
+		return latency{}, false
+	}
+	return latency{P50ms: median(p50), P99ms: median(p99)}, true
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// printPurgeSpread summarises rounds: per variant, the median and the
+// range over rounds of its writer's p50 and p99 during the purge as a
+// ratio to the median no-purge window, and the noise floor beside them:
+// the same ratios of the no-purge windows themselves. A claim holds only
+// where a variant's whole range clears the noise floor's.
+func printPurgeSpread(w io.Writer, names []string, results []purgeResult) {
+	base, ok := noneBaseline(results)
+	if !ok || base.P50ms == 0 || base.P99ms == 0 {
+		fmt.Fprintln(w, "no 'none' variant: no ratios, no noise floor (add none to --variants)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "variant\trounds\tduring p50 / none: median\t[min, max]\tp99 / none: median\t[min, max]\trows/s median")
+	for _, name := range names {
+		var r50, r99, rps []float64
+		for _, r := range results {
+			if r.Variant == name {
+				r50 = append(r50, r.During.P50ms/base.P50ms)
+				r99 = append(r99, r.During.P99ms/base.P99ms)
+				rps = append(rps, r.RowsPerSecond)
+			}
+		}
+		if len(r50) == 0 {
+			continue
+		}
+		label := name
+		if name == "none" {
+			label = "none (noise floor)"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2fx\t[%.2f, %.2f]\t%.2fx\t[%.2f, %.2f]\t%.0f\n", label, len(r50),
+			median(r50), slices.Min(r50), slices.Max(r50), median(r99), slices.Min(r99), slices.Max(r99), median(rps))
+	}
+	tw.Flush()
 }
 
 type maint struct{ autovacuums, checkpoints int64 }

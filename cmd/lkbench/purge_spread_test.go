@@ -1,0 +1,37 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// The ratios' base is the median of every no-purge window of the run (not
+// the last one), and the spread table puts the none-vs-none ratios, the
+// noise floor, beside each variant's median and range over rounds.
+func TestPurgeSpreadAgainstTheMedianNoneWindow(t *testing.T) {
+	res := func(v string, round int, p50, p99 float64) purgeResult {
+		return purgeResult{Variant: v, Round: round, During: latency{P50ms: p50, P99ms: p99}}
+	}
+	results := []purgeResult{
+		res("none", 1, 1.0, 10), res("river", 1, 2.0, 30),
+		res("river", 2, 3.0, 20), res("none", 2, 3.0, 30),
+		res("none", 3, 2.0, 20),
+	}
+	b, ok := noneBaseline(results)
+	if !ok || b.P50ms != 2.0 || b.P99ms != 20 {
+		t.Fatalf("baseline = %+v, %v; want the medians 2.0 and 20", b, ok)
+	}
+	var out strings.Builder
+	printPurgeSpread(&out, []string{"none", "river"}, results)
+	for _, want := range []string{
+		"none (noise floor)  3       1.00x                      [0.50, 1.50]",
+		"river               2       1.25x                      [1.00, 1.50]",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("spread lacks %q:\n%s", want, out.String())
+		}
+	}
+	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("median of four = %v, want 2.5", m)
+	}
+}
