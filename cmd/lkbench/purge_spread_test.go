@@ -35,3 +35,24 @@ func TestPurgeSpreadAgainstTheMedianNoneWindow(t *testing.T) {
 		t.Errorf("median of four = %v, want 2.5", m)
 	}
 }
+
+// The bisection starts between a variant's highest sustained grid step and
+// the lowest failed one above it, whatever order the steps ran in.
+func TestBracketOfGridSteps(t *testing.T) {
+	step := func(v string, rate float64, ok bool) variantStep {
+		return variantStep{Variant: v, loadStep: loadStep{Rate: rate, Sustained: ok}}
+	}
+	steps := []variantStep{
+		step("raw", 1000, true), step("raw", 2000, false), step("raw", 1500, true),
+		step("raw", 3000, false), step("mw", 1000, false), step("mw", 500, true),
+		step("all", 1000, true),
+	}
+	for _, tc := range []struct {
+		v      string
+		lo, hi float64
+	}{{"raw", 1500, 2000}, {"mw", 500, 1000}, {"all", 1000, 0}, {"none", 0, 0}} {
+		if lo, hi := bracketOf(steps, tc.v); lo != tc.lo || hi != tc.hi {
+			t.Errorf("bracketOf(%s) = %v, %v; want %v, %v", tc.v, lo, hi, tc.lo, tc.hi)
+		}
+	}
+}
