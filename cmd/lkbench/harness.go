@@ -136,12 +136,16 @@ func (m walMeter) reset(ctx context.Context) error {
 	return err
 }
 
-func (m walMeter) bytes(ctx context.Context) (int64, error) {
-	var n int64
-	err := m.db.QueryRow(ctx, `SELECT coalesce(sum(wal_bytes), 0)::bigint FROM pg_stat_statements
+// bytes is the WAL the purge role's statements wrote since reset, and how
+// many full-page images were among it (pg_stat_statements' wal_fpi: a
+// page's first change after a checkpoint logs the whole 8 kB page, the
+// bound a delete's WAL per row approaches when its rows are on different
+// pages).
+func (m walMeter) bytes(ctx context.Context) (walBytes, fpi int64, err error) {
+	err = m.db.QueryRow(ctx, `SELECT coalesce(sum(wal_bytes), 0)::bigint, coalesce(sum(wal_fpi), 0)::bigint FROM pg_stat_statements
 		WHERE userid = (SELECT oid FROM pg_roles WHERE rolname = $1)
-		  AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`, purgeRole).Scan(&n)
-	return n, err
+		  AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`, purgeRole).Scan(&walBytes, &fpi)
+	return walBytes, fpi, err
 }
 
 func newPool(ctx context.Context, url string, maxConns int32, app string) (*pgxpool.Pool, error) {

@@ -103,9 +103,13 @@ type purgeResult struct {
 	RowsPerSecond  float64 `json:"rows_per_second"`
 	WALBytesPerRow float64 `json:"wal_bytes_per_row"`
 	// WALExact: measured per statement (pg_stat_statements), not estimated.
-	WALExact bool    `json:"wal_exact"`
-	During   latency `json:"writer_during"`
-	After    latency `json:"writer_after"`
+	WALExact bool `json:"wal_exact"`
+	// FPIPerRow is the full-page images per row purged (exact runs only):
+	// 1.0 means every row cost a whole 8 kB page in the WAL, the bound of
+	// a checkpoint just before the purge and one row per page.
+	FPIPerRow float64 `json:"wal_fpi_per_row,omitempty"`
+	During    latency `json:"writer_during"`
+	After     latency `json:"writer_after"`
 	// Autovacuums of idempotency_keys and checkpoints that began while the
 	// purge ran (or during the no-purge window): vacuum follows a purge.
 	Autovacuums int64 `json:"autovacuums_during"`
@@ -452,12 +456,13 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 			res.RowsPerSecond = float64(int64(float64(res.Rows) / d.Seconds()))
 			purgeWAL := float64(lsn1-lsn0) - writerWALPerSec*d.Seconds() // estimate: minus the writer at its warm-up rate
 			if meter.ok {
-				b, err := meter.bytes(ctx) // exact: the purge role's statements
+				b, fpi, err := meter.bytes(ctx) // exact: the purge role's statements
 				if err != nil {
 					return res, err
 				}
 				purgeWAL = float64(b)
 				res.WALExact = true
+				res.FPIPerRow = round2(float64(fpi) / float64(res.Rows))
 			}
 			res.WALBytesPerRow = float64(int64(purgeWAL / float64(res.Rows)))
 		}
@@ -507,6 +512,9 @@ func printPurgeResults(w io.Writer, results []purgeResult) {
 		wal := fmt.Sprintf("%.0f", r.WALBytesPerRow)
 		if !r.WALExact && r.Rows > 0 {
 			wal = "~" + wal
+		}
+		if r.FPIPerRow > 0 {
+			wal += fmt.Sprintf(" (%.2f FPI)", r.FPIPerRow)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.0f\t%s\t%.2f ms%s\t%.2f ms%s\t%.1f ms\t%.2f ms%s\t%.2f ms%s\t%.1f ms\t%d\t%d\n",
 			r.Variant, r.Rows, r.Seconds, r.RowsPerSecond, wal,
