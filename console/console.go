@@ -138,7 +138,15 @@ func New(cfg Config) (*Handler, error) {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET "+Path+"static/", http.StripPrefix(Path+"static/", http.FileServerFS(static)))
+	// The one stylesheet, by name: no directory listing, no other path.
+	css, err := fs.ReadFile(static, "console.css")
+	if err != nil {
+		return nil, err
+	}
+	mux.HandleFunc("GET "+Path+"static/console.css", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/css; charset=utf-8")
+		_, _ = w.Write(css)
+	})
 	mux.HandleFunc("GET "+Path+"{$}", h.overview)
 	mux.HandleFunc("GET "+Path+"keys", h.keys)
 	mux.HandleFunc("GET "+Path+"key", h.key)

@@ -249,6 +249,11 @@ func TestPagesCarryAStrictContentSecurityPolicyAndNoScript(t *testing.T) {
 	if ct := css.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/css") {
 		t.Errorf("console.css served as %q", ct)
 	}
+	for _, p := range []string{"/ui/static/", "/ui/static/nope.css", "/ui/static/..%2fconsole.go"} {
+		if resp := r.get(t, "bob", p); resp.Status < 400 || strings.Contains(resp.Body, "console.css") || strings.Contains(resp.Body, "package console") {
+			t.Errorf("%s: status %d, want a refusal:\n%s", p, resp.Status, resp.Body)
+		}
+	}
 }
 
 func TestOverviewShowsEachToolsStuckKeysAndHolds(t *testing.T) {

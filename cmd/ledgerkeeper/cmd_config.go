@@ -79,6 +79,7 @@ downstream that cannot be reached exits 1.`,
 			}
 			fmt.Fprintf(a.stdout, "# configuration OK: %s\n", src)
 			fmt.Fprintf(a.stdout, "# %s\n", daemon.InteractiveSummary(a.cfg))
+			fmt.Fprintf(a.stdout, "# %s\n", daemon.ConsoleCheckSummary(a.cfg))
 			for _, l := range connected {
 				fmt.Fprintf(a.stdout, "# --connect: %s\n", l)
 			}

@@ -148,7 +148,16 @@ func ConsoleSummary(c *config.Config, listen string) string {
 	case string(console.AuthProxy):
 		who += " (" + c.Console.ProxyHeader + " from " + strings.Join(c.Console.ProxyCIDRs, ", ") + ")"
 	}
-	return fmt.Sprintf("console on http://%s%s, %s; %d operator(s) may act", listen, console.Path, who, len(c.Console.Operators))
+	return fmt.Sprintf("console: %s on %s, %s; %d operator(s) may act", console.Path, listen, who, len(c.Console.Operators))
+}
+
+// ConsoleCheckSummary is `config check`'s line about serve's console: off,
+// or how it is reached on http.listen.
+func ConsoleCheckSummary(c *config.Config) string {
+	if !c.HTTP.ConsoleEnabled() {
+		return "console: off in serve (http.console.enabled: false)"
+	}
+	return ConsoleSummary(c, c.HTTP.Listen)
 }
 
 // ConsoleRoutes adds the web console to serve's routes (at console.Path on

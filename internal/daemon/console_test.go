@@ -114,6 +114,12 @@ func TestConsoleIsOnByDefault(t *testing.T) {
 	if off.HTTP.ConsoleEnabled() {
 		t.Error("http.console.enabled: false left the console on")
 	}
+	if got, want := ConsoleCheckSummary(off), "console: off in serve (http.console.enabled: false)"; got != want {
+		t.Errorf("summary off: %q, want %q", got, want)
+	}
+	if got, want := ConsoleCheckSummary(c), "console: /ui/ on :9464, auth basic, 0 user(s): nobody can sign in until console.users or console.users_file names someone; 0 operator(s) may act"; got != want {
+		t.Errorf("summary: %q, want %q", got, want)
+	}
 }
 
 func TestLoopbackListeners(t *testing.T) {
