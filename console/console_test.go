@@ -568,3 +568,54 @@ func TestParseUsersNamesTheBadLine(t *testing.T) {
 		}
 	}
 }
+
+func TestSettledAndMissingKeysAreRefusedWithNothingWritten(t *testing.T) {
+	r := newRig(t)
+	r.putKey(t, "done", ledger.StatusCompleted, time.Hour)
+	r.putKey(t, "retry", ledger.StatusFailedRetryable, time.Hour)
+	r.putKey(t, "free", ledger.StatusProcessing, time.Hour)
+	form := func(key string) url.Values {
+		return url.Values{"key": {key}, "reason": {"r"}, "claimed_at": {claimedAt(r.key(t, key))}, "confirm": {"yes"}}
+	}
+	cases := []struct {
+		name, path string
+		form       url.Values
+		want       int
+		says       string
+	}{
+		{"retryable of a completed key", "/ui/key/retryable", form("done"), http.StatusConflict, "final"},
+		{"retryable of a failed_retryable key", "/ui/key/retryable", form("retry"), http.StatusConflict, "already failed_retryable"},
+		{"release of a key not held", "/ui/key/release", url.Values{"key": {"free"}}, http.StatusBadRequest, "not on hold"},
+		{"hold without a reason", "/ui/key/hold", url.Values{"key": {"free"}}, http.StatusBadRequest, "reason"},
+		{"hold of a key not in the ledger", "/ui/key/hold", url.Values{"key": {"nope"}, "reason": {"r"}}, http.StatusNotFound, "No key"},
+		{"no key", "/ui/key/hold", url.Values{"reason": {"r"}}, http.StatusBadRequest, "names no key"},
+	}
+	for _, c := range cases {
+		resp := r.post(t, "alice", c.path, c.form)
+		if resp.Status != c.want || !strings.Contains(resp.Body, c.says) {
+			t.Errorf("%s: status %d (want %d), says %q? body:\n%s", c.name, resp.Status, c.want, c.says, resp.Body)
+		}
+	}
+	if got := r.key(t, "retry"); got.Status != ledger.StatusFailedRetryable {
+		t.Errorf("retry: %s", got.Status)
+	}
+	if n := r.count(t, `key_holds`) + r.count(t, `reconcile_audit`); n != 0 {
+		t.Errorf("%d rows written by refused requests", n)
+	}
+}
+
+func TestAPurgedKeysPageShowsItsAuditTrailAndNoActions(t *testing.T) {
+	r := newRig(t)
+	r.putKey(t, "gone", ledger.StatusProcessing, time.Hour)
+	if _, err := operator.Hold(bg, r.db.Pool, operator.HoldRequest{Key: "gone", Reason: "looking", Actor: "carol"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := operator.Release(bg, r.db.Pool, operator.ReleaseRequest{Key: "gone", Actor: "carol"}); err != nil {
+		t.Fatal(err)
+	}
+	r.db.Exec(t, `DELETE FROM idempotency_keys WHERE key = 'gone'`)
+	resp := r.get(t, "alice", "/ui/key?key=gone")
+	wantStatus(t, resp, http.StatusOK)
+	wantIn(t, resp.Body, "purged: only its audit trail remains", "carol</span>: hold", "carol</span>: release")
+	wantNotIn(t, resp.Body, `method="post"`)
+}
