@@ -57,6 +57,30 @@ type bigMeasure struct {
 	// Seconds are the repetitions' durations.
 	Seconds []float64 `json:"seconds"`
 	Median  float64   `json:"median_seconds"`
+	// Cold: each repetition ran right after a CHECKPOINT (every page's
+	// first change logs a full-page image), and WALBytes and FPI are the
+	// WAL written and the full-page images logged during it (nothing else
+	// writes meanwhile; FPI -1: no pg_stat_statements).
+	Cold     bool    `json:"after_checkpoint,omitempty"`
+	WALBytes []int64 `json:"wal_bytes,omitempty"`
+	FPI      []int64 `json:"wal_fpi,omitempty"`
+}
+
+// purgeBatchStep is the bigledger step measured after a checkpoint.
+const purgeBatchStep = "purge batch (1000 rows)"
+
+// walStats reads the WAL inserted so far (the cluster's insert position)
+// and the full-page images of the statements since the last
+// pg_stat_statements_reset (-1 without pg_stat_statements). pg_stat_wal is
+// not read: a backend reports to it only now and then.
+func walStats(ctx context.Context, db *pgxpool.Pool) (walBytes, fpi int64, err error) {
+	if err := db.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`).Scan(&walBytes); err != nil {
+		return 0, 0, err
+	}
+	if err := db.QueryRow(ctx, `SELECT coalesce(sum(wal_fpi), 0)::bigint FROM pg_stat_statements`).Scan(&fpi); err != nil {
+		return walBytes, -1, nil //nolint:nilerr // without pg_stat_statements the count is unknown, the bytes are not
+	}
+	return walBytes, fpi, nil
 }
 
 // bigSize is everything measured at one ledger size.
@@ -408,20 +432,48 @@ var oldStatusQueries = []string{
 }
 
 func (b *bigBench) measure(ctx context.Context, res *bigSize) error {
-	run := func(name string, reps int, f func(i int) error) error {
-		m := bigMeasure{Name: name}
+	run := func(name string, reps int, cold bool, f func(i int) error) error {
+		m := bigMeasure{Name: name, Cold: cold}
 		for i := range reps {
+			var w0, p0 int64
+			if cold {
+				// Measured after a checkpoint, so that a batch's cost does
+				// not depend on how long ago the last one ran.
+				if _, err := b.db.Exec(ctx, `CHECKPOINT`); err != nil {
+					return fmt.Errorf("%s: checkpoint: %w", name, err)
+				}
+				_, _ = b.db.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
+				_, _ = b.db.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+				var err error
+				if w0, p0, err = walStats(ctx, b.db); err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+			}
 			t0 := time.Now()
 			if err := f(i); err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
 			m.Seconds = append(m.Seconds, round4(time.Since(t0).Seconds()))
+			if cold {
+				w1, p1, err := walStats(ctx, b.db)
+				if err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+				fpi := p1 - p0
+				if p0 < 0 || p1 < 0 {
+					fpi = -1
+				}
+				m.WALBytes, m.FPI = append(m.WALBytes, w1-w0), append(m.FPI, fpi)
+			}
 		}
 		s := slices.Clone(m.Seconds)
 		slices.Sort(s)
 		m.Median = s[len(s)/2]
 		res.Measures = append(res.Measures, m)
 		b.logf("%d keys: %-34s median %7.3fs  %v", res.Keys, name, m.Median, m.Seconds)
+		if cold {
+			b.logf("%d keys: %-34s after a checkpoint: WAL bytes %v, full-page images %v", res.Keys, name, m.WALBytes, m.FPI)
+		}
 		return nil
 	}
 	cli := func(args ...string) (string, error) {
@@ -482,7 +534,7 @@ func (b *bigBench) measure(ctx context.Context, res *bigSize) error {
 			}
 			return store.ReleaseLeases(ctx, b.db, keys, owner)
 		}},
-		{"purge batch (1000 rows)", b.reps, func(i int) error {
+		{purgeBatchStep, b.reps, func(i int) error {
 			r, err := store.PurgeExpiredBatch(ctx, b.db, store.PurgePolicy{MinAge: expiry.DefaultConfig().MinAge}, store.PurgeCursor{}, expiry.DefaultConfig().BatchSize)
 			if err == nil && r.Keys == 0 && i == 0 {
 				err = errors.New("nothing purged: no expired keys left")
@@ -507,7 +559,9 @@ func (b *bigBench) measure(ctx context.Context, res *bigSize) error {
 		}},
 	}
 	for _, s := range steps {
-		if err := run(s.name, s.reps, s.f); err != nil {
+		// The purge batch is measured after a checkpoint, with its WAL and
+		// full-page images: warm, its cost was the time since the last one.
+		if err := run(s.name, s.reps, s.name == purgeBatchStep, s.f); err != nil {
 			return err
 		}
 	}
