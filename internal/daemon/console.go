@@ -151,6 +151,16 @@ func ConsoleSummary(c *config.Config, listen string) string {
 	return fmt.Sprintf("console: %s on %s, %s; %d operator(s) may act", console.Path, listen, who, len(c.Console.Operators))
 }
 
+// consoleWarnings names, for `config check`, a console setting that is
+// valid but cannot serve as configured: auth none with serve's console on a
+// listener that is not loopback (serve refuses to start it).
+func consoleWarnings(c *config.Config) []string {
+	if c.Console.Auth == string(console.AuthNone) && c.HTTP.ConsoleEnabled() && c.HTTP.Listen != "" && !Loopback(c.HTTP.Listen) {
+		return []string{c.ErrorAt("console.auth", "none: serve refuses to start with its console on http.listen %s, which is not loopback; set http.console.enabled: false for serve (ledgerkeeper console serves on console.listen), or use basic or proxy", c.HTTP.Listen).Error()}
+	}
+	return nil
+}
+
 // ConsoleCheckSummary is `config check`'s line about serve's console: off,
 // or how it is reached on http.listen.
 func ConsoleCheckSummary(c *config.Config) string {

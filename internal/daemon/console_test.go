@@ -122,6 +122,33 @@ func TestConsoleIsOnByDefault(t *testing.T) {
 	}
 }
 
+// auth none is valid for `ledgerkeeper console`, but serve's console on a
+// listener that is not loopback would refuse to start: config check says so.
+func TestConfigCheckWarnsOfAuthNoneOnServesListener(t *testing.T) {
+	t.Parallel()
+	c, err := settle(t, "console:\n  auth: none\n", envOf(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := Warnings(c)
+	if len(w) != 1 || !strings.Contains(w[0], "lk.yaml:2: console.auth: none: serve refuses to start with its console on http.listen :9464") {
+		t.Errorf("warnings: %q", w)
+	}
+	for _, yaml := range []string{
+		"console: {auth: none}\nhttp: {listen: \"127.0.0.1:9464\"}\n",
+		"console: {auth: none}\nhttp: {console: {enabled: false}}\n",
+		"console: {auth: basic}\n",
+	} {
+		c, err := settle(t, yaml, envOf(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := Warnings(c); len(w) != 0 {
+			t.Errorf("%q: warnings %q", yaml, w)
+		}
+	}
+}
+
 func TestLoopbackListeners(t *testing.T) {
 	t.Parallel()
 	for listen, want := range map[string]bool{

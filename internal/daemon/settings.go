@@ -219,7 +219,7 @@ func Warnings(c *config.Config) []string {
 			warn(base+"self_check.require_witness", "false: not_found verdicts are applied with no witness that the probe can find anything; a typo'd path answering 404 would mark keys retryable whose effect happened (dangerous)")
 		}
 	}
-	return out
+	return append(out, consoleWarnings(c)...)
 }
 
 func hasTool(c *config.Config, name string) bool { _, ok := c.Tools[name]; return ok }
