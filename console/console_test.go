@@ -619,3 +619,18 @@ func TestAPurgedKeysPageShowsItsAuditTrailAndNoActions(t *testing.T) {
 	wantIn(t, resp.Body, "purged: only its audit trail remains", "carol</span>: hold", "carol</span>: release")
 	wantNotIn(t, resp.Body, `method="post"`)
 }
+
+func TestOverviewListsFiringAlertsAndSaysWhenThereAreMore(t *testing.T) {
+	r := newRig(t)
+	r.putKey(t, "k-1", ledger.StatusProcessing, time.Hour)
+	r.db.Exec(t, `INSERT INTO alert_state (reason, subject, tool, key) VALUES ('no_probe', 'key:k-1', $1, 'k-1')`, cTool)
+	resp := r.get(t, "bob", "/ui/")
+	wantIn(t, resp.Body, `no_probe · create_ticket · <a href="/ui/key?key=k-1">k-1</a>`)
+	wantNotIn(t, resp.Body, "More alerts fire")
+	r.db.Exec(t, `INSERT INTO alert_state (reason, subject, tool, key) SELECT 'no_probe', 'key:m-'||g, $1, 'm-'||g FROM generate_series(1, $2::int) g`, cTool, maxFiring)
+	more := r.get(t, "bob", "/ui/")
+	wantIn(t, more.Body, "More alerts fire than the 200 listed")
+	if n := strings.Count(more.Body, "no_probe · "); n != maxFiring {
+		t.Errorf("%d alerts listed, want %d", n, maxFiring)
+	}
+}

@@ -116,13 +116,18 @@ type toolView struct {
 	OldestStuckAt *time.Time
 }
 
+// maxFiring is how many firing alerts the overview lists and counts.
+const maxFiring = 200
+
 type overviewData struct {
 	Tools     []toolView
 	Estimated bool
 	Runs      []store.Run
 	Delivery  alerts.DeliveryHealth
 	Firing    []alerts.OpenAlert
-	Holds     []store.Hold
+	// FiringMore: more alerts fire than Firing lists (and counts).
+	FiringMore bool
+	Holds      []store.Hold
 }
 
 func (h *Handler) storeWindows() store.Windows {
@@ -161,13 +166,16 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.Delivery.LastError = h.red.String(d.Delivery.LastError)
-	if d.Firing, err = alerts.OpenKeyAlerts(ctx, db, 200); err != nil {
+	if d.Firing, err = alerts.OpenKeyAlerts(ctx, db, maxFiring+1); err != nil {
 		h.failed(w, r, "reading the firing alerts", err)
 		return
 	}
 	if d.Holds, err = store.ListHolds(ctx, db); err != nil {
 		h.failed(w, r, "reading the holds", err)
 		return
+	}
+	if len(d.Firing) > maxFiring {
+		d.Firing, d.FiringMore = d.Firing[:maxFiring], true
 	}
 	for _, t := range counts.Tools {
 		v := toolView{ToolStats: t, OldestStuckAt: t.OldestStuckClaimedAt}
