@@ -224,6 +224,16 @@ func (h *Handler) confirm(w http.ResponseWriter, r *http.Request, f form, path, 
 		h.renderKey(w, r, f.Key, http.StatusConflict, "The key was claimed again since the page was loaded: a retry is a new attempt, judge it afresh. Nothing changed.")
 		return
 	}
+	// Settled since the page was drawn: told now, not after the
+	// confirmation (Resolve would refuse it then).
+	switch {
+	case k.Status == ledger.StatusCompleted:
+		h.answer(w, r, f.Key, &operator.RefusedError{Why: operator.RefusedFinal, Key: f.Key, Tool: k.Tool, Status: k.Status}, "")
+		return
+	case k.Status == ledger.StatusFailedRetryable && path == "retryable":
+		h.answer(w, r, f.Key, &operator.RefusedError{Why: operator.RefusedAlreadyRetryable, Key: f.Key, Tool: k.Tool, Status: k.Status}, "")
+		return
+	}
 	d := lines(k)
 	d.Action, d.Key, d.Tool, d.SubmitFor = Path+"key/"+path, f.Key, k.Tool, title
 	d.Fields = map[string]string{"key": f.Key, "reason": f.Reason, "claimed_at": f.ClaimedAt.UTC().Format(time.RFC3339Nano), "confirm": "yes"}

@@ -595,6 +595,20 @@ func TestSettledAndMissingKeysAreRefusedWithNothingWritten(t *testing.T) {
 		if resp.Status != c.want || !strings.Contains(resp.Body, c.says) {
 			t.Errorf("%s: status %d (want %d), says %q? body:\n%s", c.name, resp.Status, c.want, c.says, resp.Body)
 		}
+		// Before the confirmation too: no confirmation page for a
+		// settled key.
+		if c.form.Get("confirm") == "yes" {
+			first := url.Values{}
+			for k, v := range c.form {
+				if k != "confirm" {
+					first[k] = v
+				}
+			}
+			resp := r.post(t, "alice", c.path, first)
+			if resp.Status != c.want || strings.Contains(resp.Body, `name="confirm"`) {
+				t.Errorf("%s, before the confirmation: status %d (want %d)\n%s", c.name, resp.Status, c.want, resp.Body)
+			}
+		}
 	}
 	if got := r.key(t, "retry"); got.Status != ledger.StatusFailedRetryable {
 		t.Errorf("retry: %s", got.Status)
