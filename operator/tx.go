@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
@@ -42,7 +41,8 @@ func inTx(ctx context.Context, db store.Beginner, key string, commit func(pgx.Tx
 			return err
 		}
 		if atCommit {
-			committed, rerr := auditedAt(ctx, db, key, at, deadline)
+			audited, rerr := store.AwaitAuditedAt(ctx, db, []string{key}, at, deadline)
+			_, committed := audited[key]
 			if rerr != nil {
 				return fmt.Errorf("the database failed over under the commit and whether it went through is unknown (see 'ledgerkeeper inspect %s'): %w", key, rerr)
 			}
@@ -50,12 +50,8 @@ func inTx(ctx context.Context, db store.Beginner, key string, commit func(pgx.Tx
 				return nil
 			}
 		}
-		wait := backoff.Delay(250*time.Millisecond, 2*time.Second, n, backoff.Jitter(0.9, 1.1))
-		if time.Now().Add(wait).After(deadline) {
-			return fmt.Errorf("not done: the database did not take writes for %s (it is failing over): %w", failoverWait, err)
-		}
-		if !sleep(ctx, wait) {
-			return fmt.Errorf("not done: %w", err)
+		if !store.FailoverBackoff(ctx, n, deadline) {
+			return fmt.Errorf("not done: the database did not take writes again within %s (it is failing over): %w", failoverWait, err)
 		}
 	}
 }
@@ -78,34 +74,4 @@ func runTx(ctx context.Context, db store.Beginner, commit func(pgx.Tx, context.C
 		return at, !ledger.NothingWritten(err), err
 	}
 	return at, false, nil
-}
-
-// auditedAt reads whether key has an audit row written at at, trying
-// again while the database fails over, until deadline.
-func auditedAt(ctx context.Context, db ledger.DBTX, key string, at, deadline time.Time) (bool, error) {
-	for n := 0; ; n++ {
-		got, err := store.AuditedAt(ctx, db, []string{key}, at)
-		if err == nil {
-			_, ok := got[key]
-			return ok, nil
-		}
-		if _, failover := ledger.FailoverReason(err); !failover {
-			return false, err
-		}
-		wait := backoff.Delay(250*time.Millisecond, 2*time.Second, n, backoff.Jitter(0.9, 1.1))
-		if time.Now().Add(wait).After(deadline) || !sleep(ctx, wait) {
-			return false, err
-		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -279,12 +279,6 @@ func (p *pass) commit(ctx context.Context, plans []*plan) {
 	}
 }
 
-// Waits between the tries of a write through a failover.
-const (
-	failoverRetryBase = 250 * time.Millisecond
-	failoverRetryMax  = 2 * time.Second
-)
-
 // commitFollowing is commitPlans through a failover of the ledger's
 // database. A write that failed because its connection no longer reaches
 // a writable primary (ledger.FailoverReason: the node went down, was
@@ -319,13 +313,9 @@ func (p *pass) commitFollowing(ctx context.Context, plans []*plan) error {
 				return nil
 			}
 		}
-		wait := backoff.Delay(failoverRetryBase, failoverRetryMax, n, backoff.Jitter(0.9, 1.1))
-		if time.Now().Add(wait).After(deadline) {
+		p.e.logger.Debug("decisions not written: the database is failing over; trying again", "decisions", len(plans), "reason", reason)
+		if !store.FailoverBackoff(ctx, n, deadline) {
 			return fmt.Errorf("%w (the database did not take writes again while the leases held)", err)
-		}
-		p.e.logger.Debug("decisions not written: the database is failing over; trying again", "decisions", len(plans), "reason", reason, "in", wait)
-		if !sleepCtx(ctx, wait) {
-			return err
 		}
 	}
 }
@@ -345,49 +335,24 @@ func writeDeadline(plans []*plan) time.Time {
 }
 
 // confirmCommit reads back, on another connection, whether the
-// transaction that started at at committed: its audit rows. Reading is
-// tried again while the database fails over, until deadline. committed:
-// the plans' outcomes are set from the audit rows read.
+// transaction that started at at committed: its audit rows (read through
+// the failover, until deadline). committed: the plans' outcomes are set
+// from the audit rows read.
 func (p *pass) confirmCommit(ctx context.Context, plans []*plan, at, deadline time.Time) (committed bool, err error) {
 	keys := make([]string, len(plans))
 	for i, pl := range plans {
 		keys[i] = pl.l.Key.Key
 	}
-	for n := 0; ; n++ {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-		actions, err := store.AuditedAt(rctx, p.e.pool, keys, at)
-		cancel()
-		if err == nil {
-			if len(actions) == 0 {
-				return false, nil
-			}
-			for _, pl := range plans {
-				a := actions[pl.l.Key.Key]
-				pl.out = store.DecideResult{Action: a, Applied: a == pl.d.Action, Attempts: pl.l.Attempts}
-				pl.raised = nil
-			}
-			return true, nil
-		}
-		if _, failover := ledger.FailoverReason(err); !failover {
-			return false, err
-		}
-		wait := backoff.Delay(failoverRetryBase, failoverRetryMax, n, backoff.Jitter(0.9, 1.1))
-		if time.Now().Add(wait).After(deadline) || !sleepCtx(ctx, wait) {
-			return false, err
-		}
+	actions, err := store.AwaitAuditedAt(ctx, p.e.pool, keys, at, deadline)
+	if err != nil || len(actions) == 0 {
+		return false, err
 	}
-}
-
-// sleepCtx waits d; false when ctx ended first (a hard stop).
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
+	for _, pl := range plans {
+		a := actions[pl.l.Key.Key]
+		pl.out = store.DecideResult{Action: a, Applied: a == pl.d.Action, Attempts: pl.l.Attempts}
+		pl.raised = nil
 	}
+	return true, nil
 }
 
 // commitPlans writes plans in one transaction. at is the transaction's

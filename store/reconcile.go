@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -609,6 +610,41 @@ func TxNow(ctx context.Context, tx pgx.Tx) (time.Time, error) {
 	var t time.Time
 	err := tx.QueryRow(ctx, `SELECT now()`).Scan(&t)
 	return t, wrap("read the transaction's time", err)
+}
+
+// AwaitAuditedAt is AuditedAt read through a failover: tried again, with
+// FailoverBackoff, while the error is one (ledger.FailoverReason), until
+// deadline.
+func AwaitAuditedAt(ctx context.Context, db ledger.DBTX, keys []string, at, deadline time.Time) (map[string]string, error) {
+	for n := 0; ; n++ {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		got, err := AuditedAt(rctx, db, keys, at)
+		cancel()
+		if err == nil {
+			return got, nil
+		}
+		if _, failover := ledger.FailoverReason(err); !failover || !FailoverBackoff(ctx, n, deadline) {
+			return nil, err
+		}
+	}
+}
+
+// FailoverBackoff waits before try n+1 of a statement a failover refused:
+// 250 ms doubling to 2 s, jittered. false, without waiting, when the wait
+// would end past deadline; false when ctx ends first.
+func FailoverBackoff(ctx context.Context, n int, deadline time.Time) bool {
+	wait := backoff.Delay(250*time.Millisecond, 2*time.Second, n, backoff.Jitter(0.9, 1.1))
+	if time.Now().Add(wait).After(deadline) {
+		return false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // AuditedAt returns, for each of keys with an audit row written at exactly
