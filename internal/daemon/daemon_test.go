@@ -267,6 +267,10 @@ func TestPanicRecoveredLoggedCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.Recv(t, again, testwait.Timeout) // the tick after the panic ran
+	// The run is counted when it returns, just after it signalled: wait
+	// for the count, not for the stop (which may come first).
+	testwait.Eventually(t, func() bool { return testutil.ToFloat64(d.metrics.runs.WithLabelValues("flaky", "ok")) >= 1 },
+		testwait.Timeout, "the run after the panic counted ok")
 	stop(t, d)
 	if got := testutil.ToFloat64(d.metrics.runs.WithLabelValues("flaky", "error")); got != 1 {
 		t.Errorf("error runs = %v, want 1 (the panic)", got)
