@@ -501,7 +501,10 @@ func TestBatchesThatKeepTimingOutFail(t *testing.T) {
 	if _, err := blocker.Exec(ctx, `LOCK TABLE idempotency_keys IN EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := b.purger(expiry.Config{BatchTimeout: 50 * time.Millisecond}).RunOnce(ctx)
+	// The timeout covers every statement of the pass, the unblocked reads
+	// too: 300 ms, not less, so that a loaded machine's slow read is not
+	// taken for the blocked batch (CI once timed out the count at 50 ms).
+	rep, err := b.purger(expiry.Config{BatchTimeout: 300 * time.Millisecond}).RunOnce(ctx)
 	if !errors.Is(err, store.ErrBatchTimeout) || rep.TimedOutBatches != 5 || rep.Error == "" {
 		t.Fatalf("err = %v, timed out %d; want ErrBatchTimeout after 5", err, rep.TimedOutBatches)
 	}
