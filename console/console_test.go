@@ -559,8 +559,8 @@ func TestParseUsersNamesTheBadLine(t *testing.T) {
 		t.Fatalf("users %v, err %v", users, err)
 	}
 	for in, want := range map[string]string{
-		"alice:" + string(h) + "\nbob:plain": "line 2: user bob: not a bcrypt hash",
-		"alice " + string(h):                 "line 1: want name:bcrypt-hash",
+		"alice:" + string(h) + "\nbob:plain":          "line 2: user bob: not a bcrypt hash",
+		"alice " + string(h):                          "line 1: want name:bcrypt-hash",
 		"alice:" + string(h) + "\nalice:" + string(h): "line 2: user alice given twice",
 	} {
 		if _, err := ParseUsers(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), want) {

@@ -27,7 +27,7 @@ type KeyFilter struct {
 	// Stuck selects processing keys past Window (the tool's window + grace)
 	// whose heartbeat, if any, is older than Heartbeat, and not held: what
 	// StatsWith counts as stuck. It needs Tool.
-	Stuck            bool
+	Stuck             bool
 	Window, Heartbeat time.Duration
 }
 
