@@ -28,12 +28,9 @@ var failoverWait = 90 * time.Second
 // committed; absent, fn runs again (its checks, under the row lock, see
 // the key as it is now). commit is tx.Commit; tests replace it.
 func inTx(ctx context.Context, db store.Beginner, key string, commit func(pgx.Tx, context.Context) error, fn func(tx pgx.Tx) error) error {
-	if commit == nil {
-		commit = pgx.Tx.Commit
-	}
 	deadline := time.Now().Add(failoverWait)
 	for n := 0; ; n++ {
-		at, atCommit, err := runTx(ctx, db, commit, fn)
+		at, atCommit, err := store.TxAt(ctx, db, commit, fn)
 		if err == nil {
 			return nil
 		}
@@ -54,24 +51,4 @@ func inTx(ctx context.Context, db store.Beginner, key string, commit func(pgx.Tx
 			return fmt.Errorf("not done: the database did not take writes again within %s (it is failing over): %w", failoverWait, err)
 		}
 	}
-}
-
-// runTx is one run of fn; at is the transaction's now(), atCommit that the
-// error came from a COMMIT that may have reached the server.
-func runTx(ctx context.Context, db store.Beginner, commit func(pgx.Tx, context.Context) error, fn func(tx pgx.Tx) error) (at time.Time, atCommit bool, err error) {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return at, false, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after a commit: nothing to roll back
-	if at, err = store.TxNow(ctx, tx); err != nil {
-		return at, false, err
-	}
-	if err = fn(tx); err != nil {
-		return at, false, err
-	}
-	if err = commit(tx, ctx); err != nil {
-		return at, !ledger.NothingWritten(err), err
-	}
-	return at, false, nil
 }

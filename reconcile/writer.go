@@ -361,25 +361,7 @@ func (p *pass) confirmCommit(ctx context.Context, plans []*plan, at, deadline ti
 func (p *pass) commitPlans(ctx context.Context, plans []*plan) (at time.Time, atCommit bool, err error) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
-	tx, err := p.e.pool.Begin(wctx)
-	if err != nil {
-		return at, false, err
-	}
-	defer func() { _ = tx.Rollback(wctx) }() // after a commit: nothing to roll back
-	if at, err = store.TxNow(wctx, tx); err != nil {
-		return at, false, err
-	}
-	if err = p.writePlans(wctx, tx, plans); err != nil {
-		return at, false, err
-	}
-	commit := p.e.commitTx
-	if commit == nil {
-		commit = pgx.Tx.Commit
-	}
-	if err = commit(tx, wctx); err != nil {
-		return at, !ledger.NothingWritten(err), err
-	}
-	return at, false, nil
+	return store.TxAt(wctx, p.e.pool, p.e.commitTx, func(tx pgx.Tx) error { return p.writePlans(wctx, tx, plans) })
 }
 
 // writePlans is the body of a group's transaction: the decisions, the

@@ -612,6 +612,33 @@ func TxNow(ctx context.Context, tx pgx.Tx) (time.Time, error) {
 	return t, wrap("read the transaction's time", err)
 }
 
+// TxAt runs fn in one transaction on db and commits it with commit (nil:
+// tx.Commit; tests pass one that breaks the connection). at is the
+// transaction's now(), the created_at of every audit row it writes;
+// atCommit says the error came from a COMMIT that may have reached the
+// server (its outcome unknown: read its audit rows back, AwaitAuditedAt).
+// The reconciler's decisions and operators' acts both write this way.
+func TxAt(ctx context.Context, db Beginner, commit func(pgx.Tx, context.Context) error, fn func(pgx.Tx) error) (at time.Time, atCommit bool, err error) {
+	if commit == nil {
+		commit = pgx.Tx.Commit
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return at, false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after a commit: nothing to roll back
+	if at, err = TxNow(ctx, tx); err != nil {
+		return at, false, err
+	}
+	if err = fn(tx); err != nil {
+		return at, false, err
+	}
+	if err = commit(tx, ctx); err != nil {
+		return at, !ledger.NothingWritten(err), err
+	}
+	return at, false, nil
+}
+
 // AwaitAuditedAt is AuditedAt read through a failover: tried again, with
 // FailoverBackoff, while the error is one (ledger.FailoverReason), until
 // deadline.

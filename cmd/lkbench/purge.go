@@ -86,10 +86,8 @@ func batchLoop(ctx context.Context, db *pgxpool.Pool, batch int, pause func() ti
 			return total, nil
 		}
 		if pause != nil {
-			select {
-			case <-time.After(pause()):
-			case <-ctx.Done():
-				return total, ctx.Err()
+			if err := sleepCtx(ctx, pause()); err != nil {
+				return total, err
 			}
 		}
 	}
