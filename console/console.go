@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"path"
 	"slices"
 	"time"
 
@@ -90,6 +91,14 @@ type Config struct {
 	ExactBelow int64
 	// PageSize is the keys listed per page; 0: 50.
 	PageSize int
+	// Live configures the overview's auto-refresh and its stuck-keys chart
+	// (live.go).
+	Live LiveConfig
+	// Bulk configures bulk actions by filter (bulk.go).
+	Bulk BulkConfig
+	// Run gives the console what serve runs: probes and the reconciler,
+	// for "probe now" and "reconcile this key now" (run.go).
+	Run RunConfig
 }
 
 //go:embed templates/*.html
@@ -133,20 +142,10 @@ func New(cfg Config) (*Handler, error) {
 	if h.pages, err = parsePages(); err != nil {
 		return nil, err
 	}
-	static, err := fs.Sub(staticFS, "static")
-	if err != nil {
-		return nil, err
-	}
 	mux := http.NewServeMux()
-	// The one stylesheet, by name: no directory listing, no other path.
-	css, err := fs.ReadFile(static, "console.css")
-	if err != nil {
+	if err := serveStatic(mux); err != nil {
 		return nil, err
 	}
-	mux.HandleFunc("GET "+Path+"static/console.css", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/css; charset=utf-8")
-		_, _ = w.Write(css)
-	})
 	mux.HandleFunc("GET "+Path+"{$}", h.overview)
 	mux.HandleFunc("GET "+Path+"keys", h.keys)
 	mux.HandleFunc("GET "+Path+"key", h.key)
@@ -154,6 +153,9 @@ func New(cfg Config) (*Handler, error) {
 	mux.HandleFunc("POST "+Path+"key/release", h.release)
 	mux.HandleFunc("POST "+Path+"key/retryable", h.retryable)
 	mux.HandleFunc("POST "+Path+"key/outcome", h.outcome)
+	h.routesLive(mux)
+	h.routesBulk(mux)
+	h.routesRun(mux)
 	// Cross-site POSTs (Sec-Fetch-Site, else Origin against Host) are
 	// refused before authentication or any handler: a browser carries a
 	// user's Basic credentials to a forged form as readily as to ours.
@@ -166,12 +168,47 @@ func New(cfg Config) (*Handler, error) {
 	return h, nil
 }
 
+// staticTypes are the embedded assets' content types, by extension: a file
+// of any other kind is not served.
+var staticTypes = map[string]string{
+	".css": "text/css; charset=utf-8",
+	".js":  "text/javascript; charset=utf-8",
+}
+
+// serveStatic serves each embedded asset by its own name: no directory
+// listing, no other path.
+func serveStatic(mux *http.ServeMux) error {
+	static, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		return err
+	}
+	return fs.WalkDir(static, ".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		ctype, ok := staticTypes[path.Ext(name)]
+		if !ok {
+			return nil
+		}
+		body, err := fs.ReadFile(static, name)
+		if err != nil {
+			return err
+		}
+		mux.HandleFunc("GET "+Path+"static/"+name, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", ctype)
+			_, _ = w.Write(body)
+		})
+		return nil
+	})
+}
+
 // ServeHTTP serves the console's pages under Path.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd := w.Header()
-	// No script at all; styles and images from the console only; forms
-	// post to it only; never framed.
-	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	// Scripts, styles and images from the console's own files only (no
+	// inline script or style); fetches to the console only; forms post to
+	// it only; never framed.
+	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	hd.Set("X-Content-Type-Options", "nosniff")
 	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("X-Frame-Options", "DENY")

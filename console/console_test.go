@@ -232,17 +232,24 @@ func TestEveryPageNeedsASignedInUser(t *testing.T) {
 	wantStatus(t, r.get(t, "bob", "/ui/"), http.StatusOK)
 }
 
-func TestPagesCarryAStrictContentSecurityPolicyAndNoScript(t *testing.T) {
+func TestPagesCarryAStrictContentSecurityPolicyAndNoInlineScript(t *testing.T) {
 	r := newRig(t)
 	r.putKey(t, "k-1", ledger.StatusProcessing, time.Hour)
 	for _, p := range []string{"/ui/", "/ui/keys", "/ui/key?key=k-1"} {
 		resp := r.get(t, "alice", p)
 		wantStatus(t, resp, http.StatusOK)
 		csp := resp.Header.Get("Content-Security-Policy")
-		if !strings.Contains(csp, "default-src 'none'") || strings.Contains(csp, "unsafe-inline") || strings.Contains(csp, "script-src") {
+		if !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "script-src 'self';") || strings.Contains(csp, "unsafe-") {
 			t.Errorf("%s: Content-Security-Policy %q", p, csp)
 		}
-		wantNotIn(t, strings.ToLower(resp.Body), "<script", "style=", "onclick")
+		// Scripts only by src (the console's own files): no inline code.
+		body := strings.ToLower(resp.Body)
+		wantNotIn(t, body, "<script>", "style=", "onclick", "javascript:")
+		for _, tag := range strings.Split(body, "<script")[1:] {
+			if !strings.HasPrefix(tag, ` src="/ui/static/`) || !strings.Contains(tag, "></script>") {
+				t.Errorf("%s: a script that is not one of the console's files: <script%.80s", p, tag)
+			}
+		}
 	}
 	css := r.get(t, "bob", "/ui/static/console.css")
 	wantStatus(t, css, http.StatusOK)

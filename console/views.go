@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"io/fs"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,8 +59,16 @@ func keyURL(key string) string { return Path + "key?key=" + url.QueryEscape(key)
 
 func parsePages() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
-	for _, p := range []string{"overview", "keys", "key", "confirm", "error"} {
-		t, err := template.New(p).Funcs(funcs).ParseFS(templateFS, "templates/base.html", "templates/"+p+".html")
+	names, err := fs.Glob(templateFS, "templates/*.html")
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range names {
+		p := strings.TrimSuffix(path.Base(name), ".html")
+		if p == "base" {
+			continue
+		}
+		t, err := template.New(p).Funcs(funcs).ParseFS(templateFS, "templates/base.html", name)
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", p, err)
 		}
