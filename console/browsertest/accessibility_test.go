@@ -29,6 +29,11 @@ type axeViolation struct {
 	} `json:"nodes"`
 }
 
+// axePages are the pages TestConsolePagesPassAxe opens, after
+// serveConsole's fixture; the tests of each page family add theirs in
+// init.
+var axePages = []string{"/ui/", "/ui/keys", "/ui/keys?tool=" + tool + "&stuck=1", "/ui/key?key=" + key}
+
 // Every page of the console, as an operator sees it (the action forms and
 // the confirmation page included), passes axe-core's WCAG 2 A and AA rules.
 func TestConsolePagesPassAxe(t *testing.T) {
@@ -51,7 +56,7 @@ func TestConsolePagesPassAxe(t *testing.T) {
 			t.Errorf("%s: %s (%s): %s at %s", page, v.ID, v.Impact, v.Help, strings.Join(where, ", "))
 		}
 	}
-	for _, p := range []string{"/ui/", "/ui/keys", "/ui/keys?tool=" + tool + "&stuck=1", "/ui/key?key=" + key} {
+	for _, p := range axePages {
 		do(t, alice, "open "+p, chromedp.Navigate(base+p), chromedp.WaitVisible(chromedp.CSS("main")))
 		check(p)
 	}
