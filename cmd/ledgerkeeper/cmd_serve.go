@@ -28,12 +28,14 @@ func newServeCmd(a *app) *cobra.Command {
 	var listen string
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Run the daemon: scheduled reconcile, purge and alert delivery; /metrics, /healthz, /readyz",
+		Short: "Run the daemon: scheduled reconcile, purge and alert delivery; /metrics, /healthz, /readyz, the /ui/ console",
 		Long: `Run the daemon. On the schedules in the configuration (robfig/cron specs) it
 runs reconcile passes (schedule.reconcile), purge passes (schedule.purge) and
 alert delivery (schedule.alerts), and it serves /metrics (Prometheus),
 /healthz (alive) and /readyz (ledger database writable, schema current) on
-http.listen. With alerts.slack.interactive on-call acts from the alert
+http.listen, with the web console at /ui/ (http.console.enabled, default
+true; who may sign in and act: the console section). With
+alerts.slack.interactive on-call acts from the alert
 messages: over Socket Mode (alerts.slack.app_token) and/or POST
 /slack/interactions on the same listener (alerts.slack.signing_secret).
 Any number of replicas may run at once. SIGTERM or SIGINT stops
@@ -117,6 +119,7 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				return &configError{err}
 			}
 			ledgerGauges := daemon.NewLedgerMetrics(reg)
+			ledgerGauges.SetSampleLogger(logger.With("component", "observe"))
 			idleRuns := &idleRecorder{every: idleAlertsRunEvery}
 
 			d, err := daemon.New(daemon.Config{
