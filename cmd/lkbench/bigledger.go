@@ -101,6 +101,8 @@ type bigSize struct {
 	LoadAfter    string           `json:"load_after"`
 	// StatusSample is the first lines of `status`'s text at this size.
 	StatusSample string `json:"status_sample"`
+	// Console is the web console's pages (bigconsole.go).
+	Console []bigConsolePage `json:"console,omitempty"`
 }
 
 func runBigLedger(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -559,6 +561,13 @@ func (b *bigBench) measure(ctx context.Context, res *bigSize) error {
 		}},
 	}
 	for _, s := range steps {
+		if strings.HasPrefix(s.name, "reconcile pass") {
+			// The console is looked at while the stuck keys are there to
+			// see (the pass decides them).
+			if err := b.measureConsole(ctx, res); err != nil {
+				return err
+			}
+		}
 		// The purge batch is measured after a checkpoint, with its WAL and
 		// full-page images: warm, its cost was the time since the last one.
 		if err := run(s.name, s.reps, s.name == purgeBatchStep, s.f); err != nil {
@@ -695,6 +704,7 @@ func printBigResults(w io.Writer, results []bigSize) {
 	row("load average before", func(r bigSize) string { return r.LoadBefore })
 	row("load average after", func(r bigSize) string { return r.LoadAfter })
 	tw.Flush()
+	printBigConsole(w, results)
 	fmt.Fprintf(w, "\nstatus at %s keys:\n%s\n", humanKeys(results[last].Keys), results[last].StatusSample)
 }
 

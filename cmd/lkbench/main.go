@@ -29,11 +29,12 @@ var subcommands = map[string]struct {
 	summary string
 	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }{
-	"bigledger": {"status, inspect, metrics refresh, lease, purge and reconcile on ledgers of 1, 5 and 20 million keys", runBigLedger},
-	"purge":     {"purge variants side by side under a fixed-rate claim+complete writer", runPurge},
-	"rss":       {"peak RSS of the ledgerkeeper binary's pass over stuck backlogs of several sizes", runRSS},
-	"hotpath":   {"ledger.Middleware against the raw minimum at open-loop arrival rates; Claim under contention", runHotPath},
-	"reconcile": {"reconcile throughput against a 20 ms downstream, durable and non-durable clusters side by side", runReconcile},
+	"bigledger":  {"status, inspect, metrics refresh, lease, purge and reconcile on ledgers of 1, 5 and 20 million keys", runBigLedger},
+	"bigconsole": {"the web console's pages on a ledger kept by `bigledger --keep` (again, e.g. after the console changed)", runBigConsole},
+	"purge":      {"purge variants side by side under a fixed-rate claim+complete writer", runPurge},
+	"rss":        {"peak RSS of the ledgerkeeper binary's pass over stuck backlogs of several sizes", runRSS},
+	"hotpath":    {"ledger.Middleware against the raw minimum at open-loop arrival rates; Claim under contention", runHotPath},
+	"reconcile":  {"reconcile throughput against a 20 ms downstream, durable and non-durable clusters side by side", runReconcile},
 }
 
 func main() {
