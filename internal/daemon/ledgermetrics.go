@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -31,6 +32,13 @@ type LedgerMetrics struct {
 	// seenHold: tools that have had a held-keys series, "" (holds on keys
 	// no longer in the ledger) included, so that it drops to 0, not away.
 	seenHold map[string]bool
+
+	// sampled is the stuck_samples bucket this process last recorded;
+	// clock and sampleLog are time.Now and the log of a failed recording
+	// (SetSampleLogger).
+	sampled   time.Time
+	clock     func() time.Time
+	sampleLog *slog.Logger
 }
 
 // p99Every spaces the processing-time measurement, which reads a bounded
@@ -72,8 +80,10 @@ func NewLedgerMetrics(reg prometheus.Registerer) *LedgerMetrics {
 			Name: "ledgerkeeper_reconcile_breaker_open",
 			Help: "1 while the tool's circuit breaker is open (probing paused), else 0.",
 		}, []string{"tool"}),
-		seenTool: map[string]bool{},
-		seenHold: map[string]bool{},
+		seenTool:  map[string]bool{},
+		seenHold:  map[string]bool{},
+		clock:     time.Now,
+		sampleLog: slog.New(slog.DiscardHandler),
 	}
 	reg.MustRegister(m.stuck, m.inFlight, m.oldestStuck, m.p99, m.held, m.oldestHold, m.up, m.breakerOpen)
 	return m
@@ -116,6 +126,7 @@ func (m *LedgerMetrics) update(ctx context.Context, db ledger.DBTX, windows stor
 			m.oldestStuck.WithLabelValues(t).Set(0)
 		}
 	}
+	m.recordSamples(ctx, db, stats)
 	holds, err := store.HoldStats(ctx, db)
 	if err != nil {
 		return err
@@ -161,4 +172,40 @@ func (m *LedgerMetrics) update(ctx context.Context, db ledger.DBTX, windows stor
 		m.lastP99 = time.Now()
 	}
 	return nil
+}
+
+// SetSampleLogger sets where a failure to record the console's stuck-keys
+// samples is logged (the refresh goes on without them).
+func (m *LedgerMetrics) SetSampleLogger(l *slog.Logger) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sampleLog = l
+}
+
+// recordSamples writes the console's chart samples (stuck_samples): each
+// tool's stuck and in-flight counts, once per store.SampleEvery bucket in
+// this process (a failed write is tried again at the next refresh), and
+// prunes samples past store.SampleRetention. Every tool seen gets a row, 0
+// when it has no processing key. A database error is logged, never the
+// refresh's failure: the gauges matter more than the chart. Called with
+// m.mu held.
+func (m *LedgerMetrics) recordSamples(ctx context.Context, db ledger.DBTX, stats []store.ToolStats) {
+	bucket := store.SampleBucket(m.clock())
+	if bucket.Equal(m.sampled) {
+		return
+	}
+	counts := map[string]store.ToolStats{}
+	for _, s := range stats {
+		counts[s.Tool] = s
+	}
+	samples := make([]store.StuckSample, 0, len(m.seenTool))
+	for t := range m.seenTool {
+		c := counts[t]
+		samples = append(samples, store.StuckSample{Tool: t, At: bucket, Stuck: c.Stuck, InFlight: c.InWindow})
+	}
+	if err := store.RecordStuckSamples(ctx, db, samples, bucket.Add(-store.SampleRetention)); err != nil {
+		m.sampleLog.Warn("recording the console's stuck-keys samples failed (tried again at the next refresh)", "err", err)
+		return
+	}
+	m.sampled = bucket
 }
