@@ -32,10 +32,13 @@ const (
 	ActionRelease      Action = "release"
 	ActionRetryable    Action = "mark_retryable"
 	ActionStoreOutcome Action = "store_outcome"
+	// ActionReconcile runs one reconcile pass restricted to a key (the
+	// console's own: Slack has no such action).
+	ActionReconcile Action = "reconcile"
 )
 
 // Actions lists every action, for configuration checks.
-var Actions = []Action{ActionHold, ActionRelease, ActionRetryable, ActionStoreOutcome}
+var Actions = []Action{ActionHold, ActionRelease, ActionRetryable, ActionStoreOutcome, ActionReconcile}
 
 // Auth is how a request's user is known.
 type Auth string
@@ -125,7 +128,7 @@ func New(cfg Config) (*Handler, error) {
 	for user, acts := range cfg.Operators {
 		for _, a := range acts {
 			if !slices.Contains(Actions, a) {
-				return nil, fmt.Errorf("console: operator %s: unknown action %q (known: hold, release, mark_retryable, store_outcome)", user, a)
+				return nil, fmt.Errorf("console: operator %s: unknown action %q (known: hold, release, mark_retryable, store_outcome, reconcile)", user, a)
 			}
 		}
 	}

@@ -302,6 +302,8 @@ type keyData struct {
 	CanHold, CanRelease, CanRetryable, CanStoreOutcome bool
 	// ClaimedAt is the claim the page shows, carried by its forms.
 	ClaimedAt string
+	// Run is the probe and reconcile part (run.go).
+	Run keyRun
 }
 
 func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
@@ -329,7 +331,7 @@ func (h *Handler) renderKey(w http.ResponseWriter, r *http.Request, key string, 
 	user := userOf(r)
 	d := keyData{In: in, Request: h.pretty(in.Key.RequestBody), Response: h.pretty(in.Key.ResponseBody),
 		Timeline: h.timeline(in), CanHold: h.may(user, ActionHold), CanRelease: h.may(user, ActionRelease),
-		CanRetryable: h.may(user, ActionRetryable), CanStoreOutcome: h.may(user, ActionStoreOutcome)}
+		CanRetryable: h.may(user, ActionRetryable), CanStoreOutcome: h.may(user, ActionStoreOutcome), Run: h.keyRunView(r)}
 	if !in.Key.ClaimedAt.IsZero() {
 		d.ClaimedAt = in.Key.ClaimedAt.UTC().Format(time.RFC3339Nano)
 	}

@@ -125,6 +125,10 @@ type runStats struct {
 	Actions      map[string]int `json:"actions"`
 	Keys         int            `json:"keys"`
 	AlertsRaised int            `json:"alerts_raised"`
+	// Withheld and GivenBack are the report's: keys probed whose verdict
+	// was not applied, and keys leased and given back without one.
+	Withheld  int `json:"withheld"`
+	GivenBack int `json:"given_back"`
 }
 
 // finish counts and records the pass. A stop (Options.Stop, or ctx
@@ -149,7 +153,8 @@ func (p *pass) finish(ctx context.Context, err error) (Report, error) {
 		e.metrics.observePass(p.report, recErr)
 	}
 	if !p.opts.DryRun {
-		stats, _ := json.Marshal(runStats{Stopped: p.report.Stopped, Actions: p.report.Actions, Keys: p.report.Decided, AlertsRaised: p.report.AlertsRaised})
+		stats, _ := json.Marshal(runStats{Stopped: p.report.Stopped, Actions: p.report.Actions, Keys: p.report.Decided, AlertsRaised: p.report.AlertsRaised,
+			Withheld: p.report.Withheld, GivenBack: p.report.GivenBack})
 		rec := store.Run{Kind: "reconcile", Actor: e.cfg.Actor, StartedAt: p.report.StartedAt, Stats: stats}
 		if recErr != nil {
 			rec.Error = recErr.Error()
