@@ -30,6 +30,22 @@
 // the same audit rows. Mark retryable and store outcome are confirmed on a
 // second page that repeats what every retry will receive.
 //
+// # Bulk actions
+//
+// Hold, release and mark retryable also apply to every key of a keys
+// page's filter (bulk.go). GET /ui/bulk is the dry run, a read: the keys
+// the act applies to (store.BulkKeys: not held, held, or stuck, which is
+// what Resolve would not refuse by state), at most Config.Bulk.Limit + 1
+// of them, listed with what every retry will receive. Its form carries the
+// filter, the count, the dry run's instant and each key with its
+// claimed_at; the user types the phrase ("hold 37"). The POST checks the
+// grant, reads the set again and writes nothing unless it is the set
+// confirmed (same count, same keys, a dry run under 15 minutes old), the
+// phrase matches and a reason is given; then each key is acted on alone
+// through the operator package, as a single key is (its audit row, its
+// refusals; a resolve with the claimed_at the dry run listed), within
+// Config.Bulk.Timeout, a refusal not stopping the others.
+//
 // # What is shown
 //
 // Request and response bodies, evidence and errors pass through the one

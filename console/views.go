@@ -234,6 +234,8 @@ type keysData struct {
 	Count                      store.KeyCount
 	ExactBelow                 int64
 	Next                       string // the next page's URL, "" on the last
+	// Bulk offers the filter's bulk actions the user is granted (bulk.go).
+	Bulk bulkLinks
 }
 
 // keys lists keys by tool, status, key prefix and hold, a page at a time
@@ -270,6 +272,7 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.Keys = keys
+	d.Bulk = h.bulkOffers(userOf(r), q)
 	if more {
 		next := url.Values{}
 		for k, v := range q {
