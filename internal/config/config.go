@@ -361,6 +361,11 @@ type Console struct {
 	// Listen is `ledgerkeeper console`'s own address (serve uses
 	// http.listen).
 	Listen string `yaml:"listen" json:"listen" default:"127.0.0.1:9465"`
+	// BulkLimit is the most keys one bulk action (hold, release, mark
+	// retryable by filter) takes; a filter selecting more is refused.
+	// The form carries every key and the acts run key by key in one
+	// request, hence the maximum (console.MaxBulkLimit).
+	BulkLimit int `yaml:"bulk_limit" json:"bulk_limit" default:"500" min:"1" max:"10000"`
 }
 
 // CheckSettings refuses console settings no request could pass: a proxy

@@ -127,6 +127,7 @@ func BuildConsole(c *config.Config, pool store.Beginner, windows operator.Window
 		Windows:     windows,
 		Redactor:    c.Redactor(),
 		Logger:      logger,
+		Bulk:        console.BulkConfig{Limit: c.Console.BulkLimit},
 	})
 	if err != nil {
 		return nil, c.ErrorAt("console.auth", "%v", err)
