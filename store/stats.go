@@ -138,17 +138,20 @@ func stuckStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolSta
 	}
 	// One range scan of the partial index per tool (the LATERAL join),
 	// in one statement. A held key is parked by an operator: not stuck,
-	// not in flight.
+	// not in flight. The hold is a join (key_holds' key is its primary
+	// key: at most one per key), read once per key: an EXISTS in the
+	// inner select was inlined into each of the four aggregates and ran
+	// four times per key (151 ms against 11 ms for 1,540 stuck keys of a
+	// 20M-key ledger).
 	rows, err = db.Query(ctx, `SELECT w.ord, s.stuck, s.oldest, s.age, s.held
 		FROM unnest($1::text[], $2::interval[], $3::interval[]) WITH ORDINALITY AS w(tool, win, hb, ord)
 		CROSS JOIN LATERAL (
-			SELECT count(*) FILTER (WHERE NOT held) AS stuck, min(claimed_at) FILTER (WHERE NOT held) AS oldest,
-				extract(epoch FROM now() - min(claimed_at) FILTER (WHERE NOT held))::float8 AS age,
-				count(*) FILTER (WHERE held) AS held
-			FROM (SELECT k.claimed_at, EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key) AS held
-			      FROM idempotency_keys k
-			      WHERE k.status = 'processing' AND k.tool = w.tool AND k.claimed_at <= now() - w.win
-			        AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - w.hb)) k
+			SELECT count(*) FILTER (WHERE h.key IS NULL) AS stuck, min(k.claimed_at) FILTER (WHERE h.key IS NULL) AS oldest,
+				extract(epoch FROM now() - min(k.claimed_at) FILTER (WHERE h.key IS NULL))::float8 AS age,
+				count(h.key) AS held
+			FROM idempotency_keys k LEFT JOIN key_holds h ON h.key = k.key
+			WHERE k.status = 'processing' AND k.tool = w.tool AND k.claimed_at <= now() - w.win
+			  AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - w.hb)
 		) s`, tools, wins, hbs)
 	if err != nil {
 		return nil, nil, wrap("count stuck keys", err)
