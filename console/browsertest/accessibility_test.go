@@ -62,6 +62,9 @@ func TestConsolePagesPassAxe(t *testing.T) {
 	}
 	outcome := `form[action="/ui/key/outcome"]`
 	do(t, alice, "ask to store an outcome",
+		// The pages each family appends come after the key's page.
+		chromedp.Navigate(base+"/ui/key?key="+key),
+		chromedp.WaitVisible(chromedp.CSS(outcome)),
 		chromedp.SendKeys(chromedp.CSS(outcome+` input[name="code"]`), "201"),
 		chromedp.SendKeys(chromedp.CSS(outcome+` textarea[name="body"]`), `{"id": "T-1"}`),
 		chromedp.SendKeys(chromedp.CSS(outcome+` input[name="reason"]`), "checked downstream"),
