@@ -138,6 +138,8 @@ type overviewData struct {
 	// FiringMore: more alerts fire than Firing lists (and counts).
 	FiringMore bool
 	Holds      []store.Hold
+	// Live is the live part's own: charts, probe pauses (live.go).
+	Live liveView
 }
 
 func (h *Handler) storeWindows() store.Windows {
@@ -148,41 +150,45 @@ func (h *Handler) storeWindows() store.Windows {
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	d, what, err := h.loadOverview(r.Context())
+	if err != nil {
+		h.failed(w, r, what, err)
+		return
+	}
+	h.render(w, r, http.StatusOK, "overview", "Overview", d, "")
+}
+
+// loadOverview reads what the overview shows (the page and its live part,
+// live.go); on failure, what names the read that failed.
+func (h *Handler) loadOverview(ctx context.Context) (d overviewData, what string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, readTimeout)
 	defer cancel()
 	db := h.cfg.Pool
 	counts, err := store.StatsWith(ctx, db, h.storeWindows(), store.StatsOptions{})
 	if err != nil {
-		h.failed(w, r, "reading the counts", err)
-		return
+		return d, "reading the counts", err
 	}
 	breakers, err := reconcile.Breakers(ctx, db)
 	if err != nil {
-		h.failed(w, r, "reading the breakers", err)
-		return
+		return d, "reading the breakers", err
 	}
 	checks, err := reconcile.StoredChecks(ctx, db)
 	if err != nil {
-		h.failed(w, r, "reading the self-checks", err)
-		return
+		return d, "reading the self-checks", err
 	}
-	d := overviewData{Estimated: counts.Estimated}
+	d = overviewData{Estimated: counts.Estimated}
 	if d.Runs, err = store.LastRuns(ctx, db); err != nil {
-		h.failed(w, r, "reading the last passes", err)
-		return
+		return d, "reading the last passes", err
 	}
 	if d.Delivery, err = alerts.Health(ctx, db); err != nil {
-		h.failed(w, r, "reading alert delivery", err)
-		return
+		return d, "reading alert delivery", err
 	}
 	d.Delivery.LastError = h.red.String(d.Delivery.LastError)
 	if d.Firing, err = alerts.OpenKeyAlerts(ctx, db, maxFiring+1); err != nil {
-		h.failed(w, r, "reading the firing alerts", err)
-		return
+		return d, "reading the firing alerts", err
 	}
 	if d.Holds, err = store.ListHolds(ctx, db); err != nil {
-		h.failed(w, r, "reading the holds", err)
-		return
+		return d, "reading the holds", err
 	}
 	if len(d.Firing) > maxFiring {
 		d.Firing, d.FiringMore = d.Firing[:maxFiring], true
@@ -209,7 +215,10 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Tools = append(d.Tools, v)
 	}
-	h.render(w, r, http.StatusOK, "overview", "Overview", d, "")
+	if err = h.loadLive(ctx, &d); err != nil {
+		return d, "reading the stuck-keys samples", err
+	}
+	return d, "", nil
 }
 
 func (h *Handler) redactCheck(c reconcile.CheckResult) reconcile.CheckResult {

@@ -26,6 +26,9 @@
 //     the self-check's present-side witnesses (AddCanary, RemoveCanary,
 //     Canaries; audited as canary_added and canary_removed; never purged).
 //   - ledgerkeeper_runs: RecordRun, LastRuns, and their trimming.
+//   - stuck_samples: the console's chart of stuck keys, one row per tool
+//     per 5-minute bucket (RecordStuckSamples, StuckSamplesSince); its
+//     bucket and pruning cutoff are bound by the caller, not now().
 //
 // Every comparison of timestamps uses the database's clock (now()), as in
 // package ledger. A write based on a stale read changes nothing: each

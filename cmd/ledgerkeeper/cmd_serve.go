@@ -114,7 +114,8 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				logger.Info("slack actions on", inter.LogAttrs(a.cfg)...)
 			}
 			// The web console at /ui/ (http.console.enabled).
-			routes, err := daemon.ConsoleRoutes(a.cfg, pool, eng.Windows, logger.With("component", "console"), inter.Routes())
+			routes, err := daemon.ConsoleRoutes(a.cfg, pool, eng.Windows, logger.With("component", "console"), inter.Routes(),
+				daemon.WithProbePauses(eng.ProbePauses))
 			if err != nil {
 				return &configError{err}
 			}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/console"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
@@ -92,11 +93,22 @@ func Loopback(listen string) bool {
 	return err == nil && a.IsLoopback()
 }
 
+// ConsoleOption gives the console what only the process serving it knows
+// (serve's reconcile engine), beyond the configuration.
+type ConsoleOption func(*console.Config)
+
+// WithProbePauses gives the console the engine's probe pauses
+// (reconcile.Engine.ProbePauses), shown on the overview; without it the
+// overview says they are known only inside serve.
+func WithProbePauses(pauses func() map[string]time.Time) ConsoleOption {
+	return func(cc *console.Config) { cc.Live.ProbePauses = pauses }
+}
+
 // BuildConsole builds the web console from the configuration, for a
 // listener on listen (auth none needs a loopback one). windows is what "in
 // flight" means per tool (the engine's, as Slack's and the CLI's resolve
 // use). An error is located at the setting that is wrong.
-func BuildConsole(c *config.Config, pool store.Beginner, windows operator.Windows, listen string, logger *slog.Logger) (*console.Handler, error) {
+func BuildConsole(c *config.Config, pool store.Beginner, windows operator.Windows, listen string, logger *slog.Logger, opts ...ConsoleOption) (*console.Handler, error) {
 	users, cerr := consoleUsers(c)
 	if cerr != nil {
 		return nil, cerr
@@ -116,7 +128,7 @@ func BuildConsole(c *config.Config, pool store.Beginner, windows operator.Window
 		}
 		cidrs = append(cidrs, p.Masked())
 	}
-	h, err := console.New(console.Config{
+	h, err := console.New(withOptions(opts, console.Config{
 		Pool:        pool,
 		Auth:        console.Auth(c.Console.Auth),
 		Users:       users,
@@ -128,11 +140,19 @@ func BuildConsole(c *config.Config, pool store.Beginner, windows operator.Window
 		Redactor:    c.Redactor(),
 		Logger:      logger,
 		Bulk:        console.BulkConfig{Limit: c.Console.BulkLimit},
-	})
+	}))
 	if err != nil {
 		return nil, c.ErrorAt("console.auth", "%v", err)
 	}
 	return h, nil
+}
+
+// withOptions is cfg with opts applied.
+func withOptions(opts []ConsoleOption, cfg console.Config) console.Config {
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg
 }
 
 // ConsoleSummary is one line saying how the console is reached, for
@@ -175,11 +195,11 @@ func ConsoleCheckSummary(c *config.Config) string {
 // http.listen) when http.console.enabled, and logs how it is reached;
 // routes is returned as it is otherwise. An error is located at the
 // setting that is wrong.
-func ConsoleRoutes(c *config.Config, pool store.Beginner, windows operator.Windows, logger *slog.Logger, routes map[string]http.Handler) (map[string]http.Handler, error) {
+func ConsoleRoutes(c *config.Config, pool store.Beginner, windows operator.Windows, logger *slog.Logger, routes map[string]http.Handler, opts ...ConsoleOption) (map[string]http.Handler, error) {
 	if !c.HTTP.ConsoleEnabled() || c.HTTP.Listen == "" {
 		return routes, nil
 	}
-	h, err := BuildConsole(c, pool, windows, c.HTTP.Listen, logger)
+	h, err := BuildConsole(c, pool, windows, c.HTTP.Listen, logger, opts...)
 	if err != nil {
 		return nil, err
 	}
