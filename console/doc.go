@@ -3,10 +3,14 @@
 // `ledgerkeeper console` serves alone.
 //
 // Pages are rendered on the server with html/template (every value escaped
-// by its context) from templates and a stylesheet embedded with go:embed;
-// the pages run no script at all, and every answer carries a strict
-// Content-Security-Policy (default-src 'none'; style-src 'self'; no script,
-// no frames, forms posting to the console only).
+// by its context) from templates, stylesheets and one small script embedded
+// with go:embed. The script (static/console.js) is the overview's refresh,
+// loaded by the overview only: every 15 s it fetches the overview's live
+// part as an HTML fragment (/ui/overview/live, live.go) and swaps it in,
+// pausable; without it the pages work the same, refreshed by reloading.
+// Every answer carries a strict Content-Security-Policy (default-src 'none';
+// script-src and style-src 'self': no inline script or style; no frames,
+// forms posting to the console only).
 //
 // # Who may see and do what
 //
@@ -49,5 +53,9 @@
 // # What is shown
 //
 // Request and response bodies, evidence and errors pass through the one
-// redactor (internal/secret) before they are rendered.
+// redactor (internal/secret) before they are rendered. The overview's chart
+// of stuck keys over the last day is drawn on the server as inline SVG from
+// the samples serve's observe job records (stuck_samples); a tool's probe
+// pause (a downstream's Retry-After) is known only to the serve process
+// whose engine keeps it (LiveConfig.ProbePauses).
 package console
