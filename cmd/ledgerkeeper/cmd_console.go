@@ -51,7 +51,16 @@ SIGTERM or SIGINT stops it.`,
 				return err
 			}
 			logger := a.logger.With("component", "console")
-			h, err := daemon.BuildConsole(a.cfg, pool, a.windows, listen, logger)
+			// The probes and the reconciler, built as `probe run` and
+			// `reconcile` build them: "probe now" and "reconcile this key
+			// now" on a key's page. This engine only probes; each
+			// "reconcile now" builds its own, with the user as its actor.
+			eng, closer, err := a.probeEngine(ctx, pool)
+			if err != nil {
+				return err
+			}
+			defer closer.Close()
+			h, err := daemon.BuildConsole(a.cfg, pool, a.windows, listen, logger, daemon.WithRun(daemon.ConsoleRun(a.cfg, pool, a.registry(), eng, logger)))
 			if err != nil {
 				return &configError{err}
 			}

@@ -115,7 +115,8 @@ counted as an attempt); purge and alert delivery stop at once.`,
 			}
 			// The web console at /ui/ (http.console.enabled).
 			routes, err := daemon.ConsoleRoutes(a.cfg, pool, eng.Windows, logger.With("component", "console"), inter.Routes(),
-				daemon.WithProbePauses(eng.ProbePauses))
+				daemon.WithProbePauses(eng.ProbePauses),
+				daemon.WithRun(daemon.ConsoleRun(a.cfg, pool, a.registry(), eng, logger.With("component", "console"))))
 			if err != nil {
 				return &configError{err}
 			}

@@ -352,7 +352,7 @@ type Console struct {
 	// is not believed.
 	ProxyCIDRs []string `yaml:"proxy_cidrs" json:"proxy_cidrs,omitempty"`
 	// Operators maps a user to the actions it may take (hold, release,
-	// mark_retryable, store_outcome); an empty list is all of them.
+	// mark_retryable, store_outcome, reconcile); an empty list is all of them.
 	// Everyone else reads only.
 	Operators map[string][]string `yaml:"operators" json:"operators,omitempty"`
 	// PublicURL is where people reach the console (https://lk.example.com):

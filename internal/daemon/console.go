@@ -37,7 +37,7 @@ func validateConsole(c *config.Config) []*config.Error {
 			path := fmt.Sprintf("%s[%d]", base, i)
 			switch {
 			case !slices.Contains(console.Actions, console.Action(a)):
-				add(path, "unknown action %q (want hold, release, mark_retryable or store_outcome; an empty list is all of them)", a)
+				add(path, "unknown action %q (want hold, release, mark_retryable, store_outcome or reconcile; an empty list is all of them)", a)
 			case seen[a]:
 				add(path, "action %q listed twice", a)
 			}
