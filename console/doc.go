@@ -50,6 +50,25 @@
 // refusals; a resolve with the claimed_at the dry run listed), within
 // Config.Bulk.Timeout, a refusal not stopping the others.
 //
+// # Probes, passes and alerts
+//
+// run.go draws what the reconciler, the probes and the alert outbox are
+// doing: /ui/checks (each tool's last self-check sample by sample, its
+// canaries, its breaker, and whether its probe may decide keys now, judged
+// by the rules the reconciler applies), /ui/alerts (firing alerts with their
+// last message's delivery and who acted from Slack, the outbox's messages,
+// the last day's resolutions) and /ui/runs (ledgerkeeper_runs), the lists
+// paged by keyset. Two buttons on a key's page use Config.Run: "probe now"
+// (RunConfig.Probe, made by ProbeWith from an engine: the key's probe as
+// `ledgerkeeper probe run` calls it, writing nothing; any signed-in user,
+// one at a time per key and at most one per RunConfig.ProbeEvery) and
+// "reconcile this key now" (grant reconcile; RunConfig.Reconciler builds an
+// engine whose actor is console:<user>, and one pass restricted to the key
+// runs on it, as `ledgerkeeper reconcile --key` runs: breaker, self-check,
+// leases and holds apply, and the pass is recorded as the command line's
+// are). Without them in RunConfig the buttons are absent and their POSTs
+// refused.
+//
 // # What is shown
 //
 // Request and response bodies, evidence and errors pass through the one
