@@ -7,6 +7,12 @@
 // When none works, the test binary fails loudly with what was tried: the
 // database tests are never skipped.
 //
+// With LEDGERKEEPER_TEST_ENGINE=citus the server is instead a Citus cluster
+// (package internal/citustest: a coordinator and two workers, Citus built
+// once into a cache directory), and every database, the template included,
+// is made on all its nodes: the same tests run against a distributed
+// ledger. A failed Citus build fails the binary, saying what to install.
+//
 // Use it from TestMain:
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -27,6 +33,8 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"go.uber.org/goleak"
 
+	"github.com/ledgerkeeper/ledgerkeeper/internal/citustest"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/engine"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/pgembed"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
@@ -37,10 +45,15 @@ import (
 // (ledgertest.EnvURL): one variable points both modules' tests at a server.
 const EnvURL = ledgertest.EnvURL
 
+// EnvEngine names the variable that chooses the engine the tests run
+// against: unset or "postgres" for PostgreSQL, "citus" for a Citus cluster.
+const EnvEngine = "LEDGERKEEPER_TEST_ENGINE"
+
 const templateDB = "ledgerkeeper_template"
 
 var (
-	serverURL string // admin URL of the server, database "postgres"
+	serverURL string             // admin URL of the server, database "postgres"
+	cluster   *citustest.Cluster // the Citus cluster, when EnvEngine is "citus"
 	prefix    string // per test binary, so binaries can share one server
 	counter   atomic.Int64
 )
@@ -76,8 +89,31 @@ func run(m *testing.M) int {
 	return code
 }
 
+// Citus reports whether the tests run against a Citus cluster.
+func Citus() bool { return cluster != nil }
+
+// LockWaiters is what DB.Count counts to find the sessions of the current
+// database that wait on a lock: pg_stat_activity's, or on Citus
+// citus_stat_activity's, which holds every node's (a statement on a
+// distributed table waits on the worker holding the shard, its session on
+// the coordinator waiting on the network).
+func LockWaiters() string {
+	view := "pg_stat_activity"
+	if Citus() {
+		view = "citus_stat_activity"
+	}
+	return view + " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+}
+
 func start(ctx context.Context) (func(), error) {
 	prefix = fmt.Sprintf("lkt_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	switch e := os.Getenv(EnvEngine); e {
+	case "", "postgres":
+	case "citus":
+		return startCitus(ctx)
+	default:
+		return nil, fmt.Errorf("%s=%q: want postgres or citus", EnvEngine, e)
+	}
 	var tried []string
 	if u := os.Getenv(EnvURL); u != "" {
 		serverURL = u
@@ -109,6 +145,20 @@ func start(ctx context.Context) (func(), error) {
 		return nil, err
 	}
 	return srv.Stop, nil
+}
+
+func startCitus(ctx context.Context) (func(), error) {
+	c, err := citustest.Start(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s=citus: %w", EnvEngine, err)
+	}
+	cluster, serverURL = c, c.Coordinator.URL
+	engine.SetCitus(true) // the store's Citus shapes, as the daemon chooses them on a Citus ledger
+	if err := prepareTemplate(ctx); err != nil {
+		c.Stop()
+		return nil, fmt.Errorf("%s=citus: %w", EnvEngine, err)
+	}
+	return c.Stop, nil
 }
 
 func startContainer(ctx context.Context) (func(), error) {
@@ -148,7 +198,12 @@ func prepareTemplate(ctx context.Context) error {
 	}
 	defer conn.Close(ctx)
 	tmpl := prefix + "_" + templateDB
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{tmpl}.Sanitize()); err != nil {
+	if cluster != nil {
+		err = cluster.CreateDatabase(ctx, tmpl, "")
+	} else {
+		_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{tmpl}.Sanitize())
+	}
+	if err != nil {
 		return fmt.Errorf("create template database: %w", err)
 	}
 	pool, err := pgxpool.New(ctx, WithDatabase(serverURL, tmpl))
@@ -163,6 +218,9 @@ func prepareTemplate(ctx context.Context) error {
 }
 
 func dropOwnDatabases(ctx context.Context) error {
+	if cluster != nil {
+		return cluster.DropDatabases(ctx, prefix)
+	}
 	return ledgertest.DropDatabases(ctx, serverURL, prefix)
 }
 
@@ -181,7 +239,8 @@ func New(t testing.TB) *DB {
 }
 
 // NewEmpty returns a fresh database without the schema (a downstream, or a
-// target for migration tests).
+// target for migration tests). On Citus it is a Citus database: the
+// extension on every node and the workers known to the coordinator.
 func NewEmpty(t testing.TB) *DB {
 	t.Helper()
 	return create(t, "template0")
@@ -192,5 +251,23 @@ func create(t testing.TB, template string) *DB {
 	if serverURL == "" {
 		t.Fatal("pgtest: no server: call pgtest.Main(m) from TestMain")
 	}
-	return ledgertest.CreateDB(t, serverURL, fmt.Sprintf("%s_%d", prefix, counter.Add(1)), template)
+	name := fmt.Sprintf("%s_%d", prefix, counter.Add(1))
+	if cluster == nil {
+		return ledgertest.CreateDB(t, serverURL, name, template)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if template == "template0" {
+		template = ""
+	}
+	if err := cluster.CreateDatabase(ctx, name, template); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	u := WithDatabase(serverURL, name)
+	pool, err := pgxpool.New(ctx, u)
+	if err != nil {
+		t.Fatalf("pgtest: pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return &DB{Pool: pool, URL: u, Name: name}
 }
