@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/console"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // The console's budget on a big ledger (issue: every page's server time
@@ -40,6 +41,14 @@ var bigConsolePages = []string{
 	"/ui/key?key=op-2",
 	"/ui/key?key=op-1520",
 	"/ui/key?key=bl-1234:charge_card",
+	"/ui/overview/live",
+	"/ui/checks",
+	"/ui/alerts",
+	"/ui/runs",
+	"/ui/bulk?action=hold&tool=create_ticket&stuck=1",
+	"/ui/bulk?action=retryable&tool=create_ticket&stuck=1",
+	"/ui/bulk?action=release&held=yes",
+	"/ui/bulk?action=hold&tool=send_email&status=completed",
 }
 
 // bigConsolePage is one page's cost at one ledger size.
@@ -69,6 +78,14 @@ func (b *bigBench) measureConsole(ctx context.Context, res *bigSize) error {
 	})
 	if err != nil {
 		return err
+	}
+	// A day of the observe job's samples per tool, as serve leaves them
+	// (one per tool per bucket), for the overview's charts.
+	if _, err := b.db.Exec(ctx, `INSERT INTO stuck_samples (tool, at, stuck, in_flight)
+		SELECT t.tool, date_bin($2::interval, now(), 'epoch'::timestamptz) - g * $2::interval, (g * 37) % 90, (g * 11) % 60
+		FROM unnest($1::text[]) t(tool), generate_series(0, $3::int - 1) g
+		ON CONFLICT (tool, at) DO NOTHING`, bigToolNames(), store.SampleEvery, int(24*time.Hour/store.SampleEvery)); err != nil {
+		return fmt.Errorf("stuck samples: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle(console.Path, h)
