@@ -8,7 +8,8 @@ import (
 
 // With console.public_url set, every listed key links to its page in the
 // console, the key escaped as a query value so that no character of it can
-// end the link; a base that cannot sit in a Slack link draws none.
+// end the link; an alert about a tool links to the tool's self-check; a
+// base that cannot sit in a Slack link draws none.
 func TestEveryKeyLinksToItsConsolePage(t *testing.T) {
 	items := fixtureItems()
 	items[0].key = "ord-7|<evil>&x"
@@ -34,6 +35,14 @@ func TestEveryKeyLinksToItsConsolePage(t *testing.T) {
 				t.Errorf("%s: key %s has no console link", kind, it.key)
 			}
 		}
+	}
+	// An alert about a tool (no key) links to the tool's self-check.
+	tool := item{reason: ReasonDownstreamUnreachable, tool: "tickets|<x>&y"}
+	m := r.render(KindFiring, ReasonDownstreamUnreachable, []item{tool}, fixtureNow)
+	_, texts := messageTexts(t, m)
+	all := strings.Join(texts, "\n")
+	if want := "<https://lk.example.com/ui/checks#tool-tickets%7C%3Cx%3E&amp;y|open the tool in the console>"; !strings.Contains(all, want) {
+		t.Errorf("tool alert: no link %q in:\n%s", want, all)
 	}
 	for _, base := range []string{"", "lk.example.com", "javascript:alert(1)", "https://lk.example.com/a|b", "https://lk.example.com/<x>"} {
 		m := newRenderer(testRunbook, 20).withConsole(base).render(KindFiring, ReasonProbeFailing, items, fixtureNow)

@@ -145,6 +145,13 @@ func (r renderer) consoleRef(key string) string {
 	return "<" + escape(r.consoleURL+"/ui/key?key="+url.QueryEscape(key)) + "|open in the console>"
 }
 
+// consoleToolRef links an alert about a tool (no key: its probe, its
+// self-check, its downstream) to the tool's section of the console's
+// self-checks page, the name escaped so that it cannot end the link.
+func (r renderer) consoleToolRef(tool string) string {
+	return "<" + escape(r.consoleURL+"/ui/checks#tool-"+url.PathEscape(tool)) + "|open the tool in the console>"
+}
+
 // runbookRef is the runbook section for a reason: a link from our own
 // template, or the section's name as text when no URL is configured.
 func (r renderer) runbookRef(reason Reason) string {
@@ -316,8 +323,12 @@ func (r renderer) itemText(kind Kind, it item, now time.Time) string {
 		}
 	}
 	b.WriteString("\n*Inspect:* " + inspectCommand(it))
-	if r.consoleURL != "" && it.key != "" {
+	switch {
+	case r.consoleURL == "":
+	case it.key != "":
 		b.WriteString(" · " + r.consoleRef(it.key))
+	case it.tool != "":
+		b.WriteString(" · " + r.consoleToolRef(it.tool))
 	}
 	if kind == KindFiring {
 		if next := nextCommands(it); next != "" {
