@@ -153,13 +153,15 @@ func OutboxBefore(ctx context.Context, db DBTX, before int64, limit int) ([]Outb
 }
 
 // ResolvedSince lists up to limit resolved notices raised within the last
-// `within` (by the database's clock), newest first.
+// `within` (by the database's clock), newest first: a backward scan of
+// alert_outbox_created_at_idx that stops at limit (notices of one instant
+// come in no set order).
 func ResolvedSince(ctx context.Context, db DBTX, within time.Duration, limit int) ([]OutboxRow, error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	rows, err := db.Query(ctx, `SELECT `+outboxColumns+` FROM alert_outbox o
 		WHERE o.created_at > now() - $1::interval AND o.kind = 'resolved'
-		ORDER BY o.created_at DESC, o.id DESC LIMIT $2`, within, limit)
+		ORDER BY o.created_at DESC LIMIT $2`, within, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list resolved alerts: %w", err)
 	}
