@@ -521,3 +521,34 @@ func TestRunPagesNeedASignedInUser(t *testing.T) {
 		wantStatus(t, r.get(t, "bob", p), http.StatusOK)
 	}
 }
+
+func TestProbeNowRefusesAKeyWithoutAProbeOrNotInTheLedger(t *testing.T) {
+	d := newTickets(t)
+	r := newRig(t, withRun(t, d, 0))
+	r.db.Exec(t, `INSERT INTO idempotency_keys (key, tool, request_hash, created_at, claimed_at, expires_at)
+		VALUES ('k-other', 'send_invoice', 'h', now() - interval '1 hour', now() - interval '1 hour', now() + interval '1 day')`)
+	noProbe := r.post(t, "bob", "/ui/key/probe", url.Values{"key": {"k-other"}})
+	wantStatus(t, noProbe, http.StatusConflict)
+	wantIn(t, noProbe.Body, "Tool send_invoice has no probe: nothing was asked")
+	missing := r.post(t, "bob", "/ui/key/probe", url.Values{"key": {"k-nope"}})
+	wantStatus(t, missing, http.StatusNotFound)
+	if n := d.count(); n != 0 {
+		t.Errorf("the downstream was asked %d times", n)
+	}
+}
+
+func TestReconcileNowLeavesAKeyInFlightAlone(t *testing.T) {
+	d := newTickets(t)
+	r := newRig(t, withRun(t, d, 0))
+	r.putKey(t, "k-1", ledger.StatusProcessing, time.Second) // inside its 30 s window
+	d.set(func(d *tickets) { d.found["k-1"] = true })
+	resp := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}})
+	wantStatus(t, resp, http.StatusOK)
+	wantIn(t, resp.Body, "nothing decided", "in flight")
+	if got := r.key(t, "k-1"); got.Status != ledger.StatusProcessing {
+		t.Errorf("a key in flight was decided: %s", got.Status)
+	}
+	if n := r.count(t, `reconcile_audit WHERE key = 'k-1'`); n != 0 {
+		t.Errorf("%d audit rows of a key in flight", n)
+	}
+}
