@@ -54,7 +54,7 @@ const templateDB = "ledgerkeeper_template"
 var (
 	serverURL string             // admin URL of the server, database "postgres"
 	cluster   *citustest.Cluster // the Citus cluster, when EnvEngine is "citus"
-	prefix    string // per test binary, so binaries can share one server
+	prefix    string             // per test binary, so binaries can share one server
 	counter   atomic.Int64
 )
 
