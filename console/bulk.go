@@ -87,85 +87,12 @@ func (h *Handler) routesBulk(mux *http.ServeMux) {
 	}
 }
 
-// bulkFilter is a keys page's filter, as its query (or the bulk form)
-// gives it: the values to carry and the store's filter.
-type bulkFilter struct {
-	Tool, Status, Prefix, Held string
-	Stuck                      bool
-	f                          store.KeyFilter
-}
-
-// values is the filter as query parameters (empty ones left out).
-func (bf bulkFilter) values() url.Values {
-	v := url.Values{}
-	for name, s := range map[string]string{"tool": bf.Tool, "status": bf.Status, "prefix": bf.Prefix, "held": bf.Held} {
-		if s != "" {
-			v.Set(name, s)
-		}
-	}
-	if bf.Stuck {
-		v.Set("stuck", "1")
-	}
-	return v
-}
-
-// Describe is the filter in words, for the pages.
-func (bf bulkFilter) Describe() string {
-	var parts []string
-	if bf.Tool != "" {
-		parts = append(parts, "tool "+bf.Tool)
-	}
-	if bf.Status != "" {
-		parts = append(parts, "status "+bf.Status)
-	}
-	if bf.Prefix != "" {
-		parts = append(parts, "key prefix "+strconv.Quote(bf.Prefix))
-	}
-	switch bf.Held {
-	case "yes":
-		parts = append(parts, "held")
-	case "no":
-		parts = append(parts, "not held")
-	}
-	if bf.Stuck {
-		parts = append(parts, "stuck")
-	}
-	if len(parts) == 0 {
-		return "every key"
-	}
-	return strings.Join(parts, ", ")
-}
-
-// Fields are the filter's hidden form fields.
-func (bf bulkFilter) Fields() map[string]string {
-	m := map[string]string{}
-	for k := range bf.values() {
-		m[k] = bf.values().Get(k)
-	}
-	return m
-}
-
-// KeysURL is the keys page of the filter.
-func (bf bulkFilter) KeysURL() string { return Path + "keys?" + bf.values().Encode() }
-
 // parseBulkFilter reads a filter as the keys page writes it; the error
 // says which value is wrong.
-func (h *Handler) parseBulkFilter(v url.Values, a bulkAction) (bulkFilter, error) {
-	bf := bulkFilter{Tool: v.Get("tool"), Status: v.Get("status"), Prefix: v.Get("prefix"), Held: v.Get("held"), Stuck: v.Get("stuck") == "1"}
-	bf.f = store.KeyFilter{Tool: bf.Tool, Status: bf.Status, Prefix: bf.Prefix, Stuck: bf.Stuck}
-	switch bf.Held {
-	case "":
-	case "yes", "no":
-		held := bf.Held == "yes"
-		bf.f.Held = &held
-	default:
-		return bf, errors.New("held is yes, no or empty")
-	}
-	if utf8.RuneCountInString(bf.Prefix) > maxKeyRunes {
-		return bf, errors.New("the key prefix is longer than a key (128 characters)")
-	}
-	if bf.Tool != "" && h.cfg.Windows != nil {
-		bf.f.Window, bf.f.Heartbeat = h.cfg.Windows(bf.Tool)
+func (h *Handler) parseBulkFilter(v url.Values, a bulkAction) (filterForm, error) {
+	bf, err := h.parseFilter(v)
+	if err != nil {
+		return bf, err
 	}
 	if a.Set == store.BulkStuck {
 		switch {
@@ -188,7 +115,7 @@ func (k bulkKey) Field() string { return k.ClaimedAt.UTC().Format(time.RFC3339Na
 
 type bulkData struct {
 	Action bulkAction
-	Filter bulkFilter
+	Filter filterForm
 	// Count is how many keys the action applies to (at most Limit+1).
 	Count, Limit int
 	// Over: more than Limit; nothing is offered.
@@ -239,7 +166,7 @@ func (h *Handler) bulkDryRun(w http.ResponseWriter, r *http.Request) {
 
 // bulkKeys reads the set (at most Limit+1 keys); ok is false when it
 // answered the request.
-func (h *Handler) bulkKeys(ctx context.Context, w http.ResponseWriter, r *http.Request, a bulkAction, bf bulkFilter) ([]store.ListedKey, time.Time, bool) {
+func (h *Handler) bulkKeys(ctx context.Context, w http.ResponseWriter, r *http.Request, a bulkAction, bf filterForm) ([]store.ListedKey, time.Time, bool) {
 	keys, now, err := store.BulkKeys(ctx, h.cfg.Pool, bf.f, a.Set, h.cfg.Bulk.Limit)
 	switch {
 	case errors.Is(err, ledger.ErrInvalid):
@@ -254,7 +181,7 @@ func (h *Handler) bulkKeys(ctx context.Context, w http.ResponseWriter, r *http.R
 
 // renderDryRun draws the dry run of keys read at now, with status and a
 // refusal line.
-func (h *Handler) renderDryRun(w http.ResponseWriter, r *http.Request, a bulkAction, bf bulkFilter, keys []store.ListedKey, now time.Time, status int, errText, reason string) {
+func (h *Handler) renderDryRun(w http.ResponseWriter, r *http.Request, a bulkAction, bf filterForm, keys []store.ListedKey, now time.Time, status int, errText, reason string) {
 	limit := h.cfg.Bulk.Limit
 	d := bulkData{Action: a, Filter: bf, Count: len(keys), Limit: limit, Over: len(keys) > limit, AsOf: now,
 		Granted: h.may(userOf(r), a.Grant), Reason: reason}
@@ -275,7 +202,7 @@ func (h *Handler) renderDryRun(w http.ResponseWriter, r *http.Request, a bulkAct
 
 // bulkRetries says what every retry of the keys receives after the act,
 // as the single key's confirmation does.
-func (h *Handler) bulkRetries(a bulkAction, bf bulkFilter) []string {
+func (h *Handler) bulkRetries(a bulkAction, bf filterForm) []string {
 	switch a.Set {
 	case store.BulkNotHeld:
 		return []string{
@@ -304,7 +231,7 @@ type bulkOutcome struct {
 
 type bulkResultData struct {
 	Action  bulkAction
-	Filter  bulkFilter
+	Filter  filterForm
 	AsOf    time.Time
 	Done    []bulkOutcome
 	Refused []bulkOutcome
@@ -440,7 +367,7 @@ func missing(listed []bulkKey, keys []store.ListedKey) int {
 // refusal is reported and the next one taken; a failure of the database
 // stops the rest (reported as not attempted), since what it did to the
 // key is to be checked on its page.
-func (h *Handler) bulkApply(w http.ResponseWriter, r *http.Request, a bulkAction, bf bulkFilter, asOf time.Time, keys []bulkKey, reason string) {
+func (h *Handler) bulkApply(w http.ResponseWriter, r *http.Request, a bulkAction, bf filterForm, asOf time.Time, keys []bulkKey, reason string) {
 	user := userOf(r)
 	act := actor(user)
 	// Once confirmed, the acts go on if the browser goes away, within
@@ -510,7 +437,10 @@ type bulkLinks struct {
 // bulkOffers builds the keys page's bulk links for user and the page's
 // query.
 func (h *Handler) bulkOffers(user string, q url.Values) bulkLinks {
-	bf := bulkFilter{Tool: q.Get("tool"), Status: q.Get("status"), Prefix: q.Get("prefix"), Held: q.Get("held"), Stuck: q.Get("stuck") == "1"}
+	bf, err := h.parseFilter(q)
+	if err != nil {
+		return bulkLinks{}
+	}
 	link := func(action string) string {
 		v := bf.values()
 		v.Set("action", action)

@@ -237,34 +237,26 @@ func (h *Handler) redactCheck(c reconcile.CheckResult) reconcile.CheckResult {
 }
 
 type keysData struct {
-	Tool, Status, Prefix, Held string
-	Stuck                      bool
-	Keys                       []store.ListedKey
-	Count                      store.KeyCount
-	ExactBelow                 int64
-	Next                       string // the next page's URL, "" on the last
+	filterForm
+	Keys       []store.ListedKey
+	Count      store.KeyCount
+	ExactBelow int64
+	Next       string // the next page's URL, "" on the last
 	// Bulk offers the filter's bulk actions the user is granted (bulk.go).
 	Bulk bulkLinks
 }
 
-// keys lists keys by tool, status, key prefix and hold, a page at a time
-// (keyset pagination: ?after=<last key of the page>).
+// keys lists keys by tool, status, key prefix, hold, age and attempts, a
+// page at a time (keyset pagination: ?after=<last key of the page>).
 func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	d := keysData{Tool: q.Get("tool"), Status: q.Get("status"), Prefix: q.Get("prefix"), Held: q.Get("held"), Stuck: q.Get("stuck") == "1", ExactBelow: h.cfg.ExactBelow}
-	f := store.KeyFilter{Tool: d.Tool, Status: d.Status, Prefix: d.Prefix, Stuck: d.Stuck}
-	switch d.Held {
-	case "":
-	case "yes", "no":
-		held := d.Held == "yes"
-		f.Held = &held
-	default:
-		h.render(w, r, http.StatusBadRequest, "keys", "Keys", d, "held is yes, no or empty")
+	ff, err := h.parseFilter(q)
+	d := keysData{filterForm: ff, ExactBelow: h.cfg.ExactBelow}
+	if err != nil {
+		h.render(w, r, http.StatusBadRequest, "keys", "Keys", d, err.Error()+".")
 		return
 	}
-	if f.Stuck && f.Tool != "" && h.cfg.Windows != nil {
-		f.Window, f.Heartbeat = h.cfg.Windows(f.Tool)
-	}
+	f := ff.f
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	keys, more, err := store.ListKeys(ctx, h.cfg.Pool, f, q.Get("after"), h.cfg.PageSize)

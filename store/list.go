@@ -29,6 +29,22 @@ type KeyFilter struct {
 	// StatsWith counts as stuck. It needs Tool.
 	Stuck             bool
 	Window, Heartbeat time.Duration
+	// OlderThan selects keys claimed at least this long ago (by the
+	// database's clock); 0 any.
+	OlderThan time.Duration
+	// MinAttempts selects keys whose current attempt the reconciler has
+	// probed at least this many times (reconcile_state); 0 any.
+	MinAttempts int
+}
+
+// narrow reports whether f selects from a small population of the ledger
+// (keys not completed, held, or probed): a listing then reads every match
+// past the cursor and sorts them, instead of walking the primary key in
+// order, which on a large ledger crosses millions of completed rows to find
+// a page of matches that sort late.
+func (f KeyFilter) narrow() bool {
+	return f.Status == ledger.StatusProcessing || f.Status == ledger.StatusFailedRetryable || f.Stuck ||
+		(f.Held != nil && *f.Held) || f.MinAttempts > 0
 }
 
 // ListedKey is one row of a listing: the key without its bodies, and
@@ -84,6 +100,12 @@ func (f KeyFilter) where() (string, []any, error) {
 			"(k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - make_interval(secs => "+hb+"))",
 			"NOT EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)")
 	}
+	if f.OlderThan > 0 {
+		conds = append(conds, "k.claimed_at <= now() - make_interval(secs => "+param(f.OlderThan.Seconds())+")")
+	}
+	if f.MinAttempts > 0 {
+		conds = append(conds, "EXISTS (SELECT 1 FROM reconcile_state s WHERE s.key = k.key AND s.claimed_at = k.claimed_at AND s.attempts >= "+param(f.MinAttempts)+")")
+	}
 	if f.Held != nil {
 		not := "NOT "
 		if *f.Held {
@@ -112,6 +134,13 @@ func ListKeys(ctx context.Context, db ledger.DBTX, f KeyFilter, after string, li
 	q := fmt.Sprintf(`SELECT k.key, k.tool, k.status, k.claimed_at, k.updated_at, k.heartbeat_at,
 			EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
 		FROM idempotency_keys k WHERE %s AND k.key > $%d ORDER BY k.key LIMIT $%d`, cond, len(args)-1, len(args))
+	if f.narrow() {
+		// OFFSET 0 fences the inner select: the planner reads the matches
+		// by the filter's own indexes, then sorts them.
+		q = fmt.Sprintf(`SELECT * FROM (SELECT k.key, k.tool, k.status, k.claimed_at, k.updated_at, k.heartbeat_at,
+				EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
+			FROM idempotency_keys k WHERE %s AND k.key > $%d OFFSET 0) m ORDER BY 1 LIMIT $%d`, cond, len(args)-1, len(args))
+	}
 	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, false, wrap("list keys", err)
