@@ -559,7 +559,8 @@ type alertsData struct {
 	NextMessages string
 	Resolved     []alerts.OutboxRow
 	Delivery     alerts.DeliveryHealth
-	Within       time.Duration
+	// Within says how far back Resolved goes, in words.
+	Within string
 }
 
 // alertsPage lists the firing alerts (a page at a time, keyset on subject
@@ -577,7 +578,7 @@ func (h *Handler) alertsPage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	db := h.cfg.Pool
-	d := alertsData{Within: resolvedWithin}
+	d := alertsData{Within: fmt.Sprintf("%d hours", int(resolvedWithin.Hours()))}
 	firing, err := alerts.FiringAfter(ctx, db, afterSubject, alerts.Reason(afterReason), h.cfg.PageSize+1)
 	if err != nil {
 		h.failed(w, r, "reading the firing alerts", err)
