@@ -97,10 +97,53 @@ func (h *Handler) hold(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	req := operator.HoldRequest{Key: f.Key, Reason: f.Reason, Actor: actor(userOf(r))}
+	if err := req.Validate(); err != nil {
+		h.renderKey(w, r, f.Key, http.StatusBadRequest, h.red.String(err.Error())+". Nothing changed.")
+		return
+	}
+	if !f.Confirmed {
+		held, err := operator.Held(r.Context(), h.cfg.Pool, f.Key)
+		switch {
+		case err != nil:
+			h.failed(w, r, "reading the hold", err)
+			return
+		case held:
+			h.renderKey(w, r, f.Key, http.StatusConflict, "The key is already on hold (its hold is below): nothing changed.")
+			return
+		}
+		h.confirm(w, r, f, "hold", "Hold", func(k ledger.Key) confirmData {
+			return confirmData{Lines: holdLines(k)}
+		}, nil)
+		return
+	}
 	ctx, cancel := h.actionContext(r)
 	defer cancel()
-	_, err := operator.Hold(ctx, h.cfg.Pool, operator.HoldRequest{Key: f.Key, Reason: f.Reason, Actor: actor(userOf(r))})
+	_, err := operator.Hold(ctx, h.cfg.Pool, req)
 	h.answer(w, r, f.Key, err, "hold")
+}
+
+// holdLines is what a hold changes for the key as it is now.
+func holdLines(k ledger.Key) []string {
+	lines := []string{"While the key is held the reconciler leaves it alone: no probe, no decision, no alert about it, until someone releases it or settles it by hand; the purge keeps it past its expiry."}
+	switch k.Status {
+	case ledger.StatusProcessing:
+		lines = append(lines, "Every retry of this key keeps receiving 409 (in progress) with Retry-After, as now: the tool does not run again while the key is processing.")
+	case ledger.StatusFailedRetryable:
+		lines = append(lines, "A hold parks the reconciler, not the tool server: the next retry of this failed_retryable key still claims it and runs "+k.Tool+" again.")
+	default:
+		lines = append(lines, "Every retry of this key keeps receiving its stored outcome, as now.")
+	}
+	return lines
+}
+
+// releaseLines is what a release changes for the key as it is now.
+func releaseLines(k ledger.Key) []string {
+	if k.Status == ledger.StatusProcessing {
+		return []string{"Once released, the reconciler may probe this key and decide it at its next pass: found, its stored outcome is what every retry receives; not found (and witnessed), it is marked failed_retryable and the next retry runs " + k.Tool + " again.",
+			"Until then every retry keeps receiving 409 (in progress) with Retry-After."}
+	}
+	return []string{"Once released, nothing changes for a retry (the key is " + k.Status + "); the purge may delete the key once it expires."}
 }
 
 func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
@@ -109,6 +152,21 @@ func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
 	}
 	f, ok := h.readForm(w, r)
 	if !ok {
+		return
+	}
+	if !f.Confirmed {
+		held, err := operator.Held(r.Context(), h.cfg.Pool, f.Key)
+		switch {
+		case err != nil:
+			h.failed(w, r, "reading the hold", err)
+			return
+		case !held:
+			h.answer(w, r, f.Key, operator.ErrNotHeld, "")
+			return
+		}
+		h.confirm(w, r, f, "release", "Release", func(k ledger.Key) confirmData {
+			return confirmData{Lines: releaseLines(k)}
+		}, nil)
 		return
 	}
 	ctx, cancel := h.actionContext(r)
@@ -220,13 +278,16 @@ func (h *Handler) confirm(w http.ResponseWriter, r *http.Request, f form, path, 
 	case err != nil:
 		h.failed(w, r, "reading the key", err)
 		return
-	case !k.ClaimedAt.Equal(*f.ClaimedAt):
+	case f.ClaimedAt != nil && !k.ClaimedAt.Equal(*f.ClaimedAt):
 		h.renderKey(w, r, f.Key, http.StatusConflict, "The key was claimed again since the page was loaded: a retry is a new attempt, judge it afresh. Nothing changed.")
 		return
 	}
 	// Settled since the page was drawn: told now, not after the
-	// confirmation (Resolve would refuse it then).
+	// confirmation (Resolve would refuse it then). A hold or release
+	// applies to the key whatever its state.
+	resolve := path == "retryable" || path == "outcome"
 	switch {
+	case !resolve:
 	case k.Status == ledger.StatusCompleted:
 		h.answer(w, r, f.Key, &operator.RefusedError{Why: operator.RefusedFinal, Key: f.Key, Tool: k.Tool, Status: k.Status}, "")
 		return
@@ -236,11 +297,22 @@ func (h *Handler) confirm(w http.ResponseWriter, r *http.Request, f form, path, 
 	}
 	d := lines(k)
 	d.Action, d.Key, d.Tool, d.SubmitFor = Path+"key/"+path, f.Key, k.Tool, title
-	d.Fields = map[string]string{"key": f.Key, "reason": f.Reason, "claimed_at": f.ClaimedAt.UTC().Format(time.RFC3339Nano), "confirm": "yes"}
+	d.Fields = map[string]string{"key": f.Key, "reason": f.Reason, "confirm": "yes"}
+	if f.ClaimedAt != nil {
+		d.Fields["claimed_at"] = f.ClaimedAt.UTC().Format(time.RFC3339Nano)
+	}
 	for n, v := range extra {
 		d.Fields[n] = v
 	}
-	d.Lines = append(d.Lines, "This applies to the attempt claimed at "+k.ClaimedAt.UTC().Format("2006-01-02 15:04:05 UTC")+" (status "+k.Status+"); if a retry claims the key again before you confirm, nothing is written.",
-		"Reason (audited as "+actor(userOf(r))+"): "+f.Reason)
+	if resolve {
+		d.Lines = append(d.Lines, "This applies to the attempt claimed at "+k.ClaimedAt.UTC().Format("2006-01-02 15:04:05 UTC")+" (status "+k.Status+"); if a retry claims the key again before you confirm, nothing is written.")
+	}
+	what := "Reason"
+	if path == "release" {
+		what = "Note"
+	}
+	if f.Reason != "" || path != "release" {
+		d.Lines = append(d.Lines, what+" (audited as "+actor(userOf(r))+"): "+f.Reason)
+	}
 	h.render(w, r, http.StatusOK, "confirm", title, d, "")
 }

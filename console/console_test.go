@@ -339,7 +339,15 @@ func TestHoldFromTheConsoleIsAuditedAsTheUser(t *testing.T) {
 	r.putKey(t, "k-1", ledger.StatusProcessing, time.Hour)
 	page := r.get(t, "alice", "/ui/key?key=k-1")
 	wantIn(t, page.Body, `action="/ui/key/hold"`)
-	resp := r.post(t, "alice", "/ui/key/hold", url.Values{"key": {"k-1"}, "reason": {"downstream is flaky"}})
+	// First the confirmation, saying what retries will see; nothing
+	// written yet.
+	ask := r.post(t, "alice", "/ui/key/hold", url.Values{"key": {"k-1"}, "reason": {"downstream is flaky"}})
+	wantStatus(t, ask, http.StatusOK)
+	wantIn(t, ask.Body, "Hold: confirm", "keeps receiving 409 (in progress)", `name="confirm" value="yes"`, "Reason (audited as console:alice): downstream is flaky")
+	if n := r.count(t, `key_holds WHERE key = 'k-1'`) + r.count(t, `reconcile_audit WHERE key = 'k-1'`); n != 0 {
+		t.Fatalf("rows written before the confirmation: %d", n)
+	}
+	resp := r.post(t, "alice", "/ui/key/hold", url.Values{"key": {"k-1"}, "reason": {"downstream is flaky"}, "confirm": {"yes"}})
 	wantStatus(t, resp, http.StatusSeeOther)
 	if n := r.count(t, `key_holds WHERE key = 'k-1' AND actor = 'console:alice' AND reason = 'downstream is flaky'`); n != 1 {
 		t.Fatalf("holds by console:alice: %d, want 1", n)
@@ -350,13 +358,21 @@ func TestHoldFromTheConsoleIsAuditedAsTheUser(t *testing.T) {
 	after := r.get(t, "alice", resp.Header.Get("Location"))
 	wantIn(t, after.Body, "Done: put on hold", "held by console:alice", "console:alice</span>: hold", `action="/ui/key/release"`)
 	// Again: refused with the hold in force, nothing more written.
-	again := r.post(t, "alice", "/ui/key/hold", url.Values{"key": {"k-1"}, "reason": {"twice"}})
-	wantStatus(t, again, http.StatusConflict)
-	wantIn(t, again.Body, "already on hold")
+	for _, confirm := range []string{"", "yes"} {
+		again := r.post(t, "alice", "/ui/key/hold", url.Values{"key": {"k-1"}, "reason": {"twice"}, "confirm": {confirm}})
+		wantStatus(t, again, http.StatusConflict)
+		wantIn(t, again.Body, "already on hold")
+	}
 	if n := r.count(t, `reconcile_audit WHERE key = 'k-1'`); n != 1 {
 		t.Errorf("audit rows after a refused second hold: %d, want 1", n)
 	}
-	rel := r.post(t, "alice", "/ui/key/release", url.Values{"key": {"k-1"}})
+	askRel := r.post(t, "alice", "/ui/key/release", url.Values{"key": {"k-1"}})
+	wantStatus(t, askRel, http.StatusOK)
+	wantIn(t, askRel.Body, "Release: confirm", "the reconciler may probe this key")
+	if n := r.count(t, `key_holds WHERE key = 'k-1'`); n != 1 {
+		t.Errorf("holds after the release's confirmation page: %d, want still 1", n)
+	}
+	rel := r.post(t, "alice", "/ui/key/release", url.Values{"key": {"k-1"}, "confirm": {"yes"}})
 	wantStatus(t, rel, http.StatusSeeOther)
 	if n := r.count(t, `key_holds WHERE key = 'k-1'`); n != 0 {
 		t.Errorf("holds after release: %d", n)
@@ -377,8 +393,8 @@ func TestWithoutAGrantActionsAreAbsentAndAForgedPostIsRefused(t *testing.T) {
 		user, path string
 		form       url.Values
 	}{
-		{"bob", "/ui/key/hold", url.Values{"key": {"k-1"}, "reason": {"forged"}}},
-		{"bob", "/ui/key/release", url.Values{"key": {"k-1"}}},
+		{"bob", "/ui/key/hold", url.Values{"key": {"k-1"}, "reason": {"forged"}, "confirm": {"yes"}}},
+		{"bob", "/ui/key/release", url.Values{"key": {"k-1"}, "confirm": {"yes"}}},
 		{"bob", "/ui/key/retryable", url.Values{"key": {"k-1"}, "reason": {"forged"}, "claimed_at": {claimedAt(k)}, "confirm": {"yes"}}},
 		{"bob", "/ui/key/outcome", url.Values{"key": {"k-1"}, "reason": {"forged"}, "claimed_at": {claimedAt(k)}, "code": {"201"}, "body": {"{}"}, "confirm": {"yes"}}},
 		// carol may hold, nothing else.
@@ -404,7 +420,7 @@ func TestWithoutAGrantActionsAreAbsentAndAForgedPostIsRefused(t *testing.T) {
 func TestCrossSitePostIsRefusedAndWritesNothing(t *testing.T) {
 	r := newRig(t)
 	r.putKey(t, "k-1", ledger.StatusProcessing, time.Hour)
-	form := url.Values{"key": {"k-1"}, "reason": {"csrf"}}
+	form := url.Values{"key": {"k-1"}, "reason": {"csrf"}, "confirm": {"yes"}}
 	for _, hdr := range []map[string]string{
 		{"Sec-Fetch-Site": "cross-site"},
 		{"Sec-Fetch-Site": "same-site"},
@@ -535,7 +551,7 @@ func TestProxyAuthBelievesTheHeaderFromTheProxyOnly(t *testing.T) {
 	wantStatus(t, resp, http.StatusOK)
 	wantIn(t, resp.Body, "Signed in as <strong>alice</strong>")
 	wantStatus(t, r.do(t, "", http.MethodGet, "/ui/", nil, nil), http.StatusForbidden)
-	hold := r.do(t, "", http.MethodPost, "/ui/key/hold", url.Values{"key": {"k-1"}, "reason": {"via proxy"}}, map[string]string{"X-Forwarded-User": "alice", "Sec-Fetch-Site": "same-origin"})
+	hold := r.do(t, "", http.MethodPost, "/ui/key/hold", url.Values{"key": {"k-1"}, "reason": {"via proxy"}, "confirm": {"yes"}}, map[string]string{"X-Forwarded-User": "alice", "Sec-Fetch-Site": "same-origin"})
 	wantStatus(t, hold, http.StatusSeeOther)
 	if n := r.count(t, `key_holds WHERE actor = 'console:alice'`); n != 1 {
 		t.Errorf("holds by console:alice through the proxy: %d", n)

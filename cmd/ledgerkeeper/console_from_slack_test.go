@@ -24,7 +24,8 @@ var consoleLink = regexp.MustCompile(`<(https?://[^|>]+)\|open in the console>`)
 // key to Slack with a link to the key's page (console.public_url); the link,
 // followed as it is, opens the page behind sign-in, which says the key is
 // stuck and why (the alert firing, on its timeline); the operator holds it
-// there, and the hold and its audit row are the operator's, as console:alice,
+// there, after a confirmation that says what retries receive meanwhile, and
+// the hold and its audit row are the operator's, as console:alice,
 // on the page and in the ledger.
 func TestSlackAlertLinksToTheKeyWhereOnCallActs(t *testing.T) {
 	t.Parallel()
@@ -97,8 +98,13 @@ console:
 		}
 	}
 
-	code, _ = httpDo(t, http.MethodPost, base+"/ui/key/hold", "alice", "alice-pw",
-		url.Values{"key": {key}, "reason": {"refund desk is checking it"}})
+	hold := url.Values{"key": {key}, "reason": {"refund desk is checking it"}}
+	code, page = httpDo(t, http.MethodPost, base+"/ui/key/hold", "alice", "alice-pw", hold)
+	if code != http.StatusOK || !strings.Contains(page, "Hold: confirm") || !strings.Contains(page, "keeps receiving 409") {
+		t.Fatalf("the hold's confirmation: %d\n%s", code, page)
+	}
+	hold.Set("confirm", "yes")
+	code, _ = httpDo(t, http.MethodPost, base+"/ui/key/hold", "alice", "alice-pw", hold)
 	if code != http.StatusSeeOther {
 		t.Fatalf("hold from the page: %d, want 303", code)
 	}

@@ -98,7 +98,7 @@ console:
 	if code != http.StatusOK || !strings.Contains(page, `action="/ui/key/hold"`) {
 		t.Fatalf("the key's page: %d\n%s", code, page)
 	}
-	code, _ = httpDo(t, http.MethodPost, base+"/ui/key/hold", "alice", "alice-pw", url.Values{"key": {"k-console"}, "reason": {"from serve's console"}})
+	code, _ = httpDo(t, http.MethodPost, base+"/ui/key/hold", "alice", "alice-pw", url.Values{"key": {"k-console"}, "reason": {"from serve's console"}, "confirm": {"yes"}})
 	if code != http.StatusSeeOther {
 		t.Fatalf("hold: %d", code)
 	}
@@ -139,7 +139,7 @@ func TestConsoleCommandServesTheConsoleAlone(t *testing.T) {
 		t.Errorf("keys: %d\n%s", code, page)
 	}
 	// Read-only: local is granted nothing.
-	if code, _ := httpDo(t, http.MethodPost, base+"/ui/key/hold", "", "", url.Values{"key": {"k-laptop"}, "reason": {"x"}}); code != http.StatusForbidden {
+	if code, _ := httpDo(t, http.MethodPost, base+"/ui/key/hold", "", "", url.Values{"key": {"k-laptop"}, "reason": {"x"}, "confirm": {"yes"}}); code != http.StatusForbidden {
 		t.Errorf("hold without a grant: %d, want 403", code)
 	}
 	if code, _ := httpDo(t, http.MethodGet, base+"/metrics", "", "", nil); code != http.StatusNotFound {

@@ -7,9 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"time"
 

@@ -181,9 +181,21 @@ func TestOperatorHoldsTheStuckKeyAndAReadOnlyUserCannot(t *testing.T) {
 		chromedp.Click(keyLink),
 		chromedp.WaitVisible(chromedp.CSS(holdForm)),
 	)
-	do(t, alice, "hold it",
+	do(t, alice, "ask to hold it",
 		chromedp.SendKeys(chromedp.CSS(holdForm+` input[name="reason"]`), "checking the ticket system"),
 		chromedp.Click(chromedp.CSS(holdForm+" button")),
+		chromedp.WaitVisible(chromedp.CSS("button.danger")),
+	)
+	// The confirmation says what every retry will receive meanwhile, and
+	// nothing is written until it is confirmed.
+	if ask := get(t, alice, "the confirmation", chromedp.Text(chromedp.CSS("main"))); !strings.Contains(ask, "keeps receiving 409 (in progress)") {
+		t.Errorf("the hold's confirmation does not say what retries receive:\n%s", ask)
+	}
+	if n := db.Count(t, `key_holds WHERE key = $1`, key); n != 0 {
+		t.Fatalf("holds before the confirmation: %d", n)
+	}
+	do(t, alice, "confirm the hold",
+		chromedp.Click(chromedp.CSS("button.danger")),
 		chromedp.WaitVisible(chromedp.CSS("#hold")),
 	)
 	done := get(t, alice, "done", chromedp.Text(chromedp.CSS(".done")))
@@ -215,6 +227,7 @@ func TestOperatorHoldsTheStuckKeyAndAReadOnlyUserCannot(t *testing.T) {
 	get(t, bob, "forge a release on the console's page", chromedp.Evaluate[bool](fmt.Sprintf(`(() => {
 		const f = document.createElement('form'); f.method = 'post'; f.action = '/ui/key/release';
 		const k = document.createElement('input'); k.name = 'key'; k.value = %q; f.appendChild(k);
+		const c = document.createElement('input'); c.name = 'confirm'; c.value = 'yes'; f.appendChild(c);
 		document.body.appendChild(f); f.submit(); return true; })()`, key)))
 	do(t, bob, "see the refusal", chromedp.WaitVisible(chromedp.CSS(".refused")))
 	if refused := get(t, bob, "refusal", chromedp.Text(chromedp.CSS(".refused"))); !strings.Contains(refused, "not granted release") {
@@ -249,7 +262,7 @@ func TestOperatorHoldsTheStuckKeyAndAReadOnlyUserCannot(t *testing.T) {
 func evilSite(t *testing.T, base string) string {
 	t.Helper()
 	page := fmt.Sprintf(`<!doctype html><title>win a prize</title>
-<form method="post" action="%s/ui/key/release"><input type="hidden" name="key" value="%s"><button id="go">Claim your prize</button></form>`, base, key)
+<form method="post" action="%s/ui/key/release"><input type="hidden" name="key" value="%s"><input type="hidden" name="confirm" value="yes"><button id="go">Claim your prize</button></form>`, base, key)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
