@@ -64,26 +64,68 @@ func provider(pool *pgxpool.Pool, logger *slog.Logger) (*goose.Provider, *sql.DB
 
 // Up applies every pending migration and returns the versions it applied. It
 // is safe to run from several processes at once: a session advisory lock
-// serialises them, and a second run applies nothing.
+// serialises them, and a second run applies nothing. On a Citus
+// coordinator (the citus extension is installed) it then lays the tables
+// out (Distribute).
 func Up(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) ([]Status, error) {
-	p, db, err := provider(pool, logger)
+	r, err := Apply(ctx, pool, Options{Logger: logger})
+	return r.Applied, err
+}
+
+// Options tune Apply.
+type Options struct {
+	Logger *slog.Logger
+	// Distributed requires a Citus coordinator: without the citus
+	// extension Apply fails instead of leaving a plain PostgreSQL schema.
+	Distributed bool
+}
+
+// Result is what Apply did.
+type Result struct {
+	// Applied are the migrations applied now.
+	Applied []Status `json:"applied"`
+	// Citus says whether the database is a Citus coordinator.
+	Citus bool `json:"citus"`
+	// Distributed are the tables given their Citus shape now.
+	Distributed []Placement `json:"distributed,omitempty"`
+}
+
+// Apply applies every pending migration and, on Citus, the layout step.
+func Apply(ctx context.Context, pool *pgxpool.Pool, opts Options) (Result, error) {
+	var r Result
+	citus, err := IsCitus(ctx, pool)
 	if err != nil {
-		return nil, err
+		return r, err
+	}
+	if opts.Distributed && !citus {
+		return r, errors.New("--distributed: the database has no citus extension; " +
+			"connect to a Citus coordinator (CREATE EXTENSION citus there, and on every worker) or leave --distributed off")
+	}
+	p, db, err := provider(pool, opts.Logger)
+	if err != nil {
+		return r, err
 	}
 	defer db.Close()
 	results, err := p.Up(ctx)
 	if err != nil {
 		var partial *goose.PartialError
 		if errors.As(err, &partial) && partial.Failed != nil {
-			return nil, fmt.Errorf("apply migration %s: %w", partial.Failed.Source.Path, partial.Err)
+			return r, fmt.Errorf("apply migration %s: %w", partial.Failed.Source.Path, partial.Err)
 		}
-		return nil, fmt.Errorf("apply migrations: %w", err)
+		return r, fmt.Errorf("apply migrations: %w", err)
 	}
-	out := make([]Status, 0, len(results))
-	for _, r := range results {
-		out = append(out, Status{Version: r.Source.Version, Name: r.Source.Path, Applied: true})
+	r.Applied = make([]Status, 0, len(results))
+	for _, res := range results {
+		r.Applied = append(r.Applied, Status{Version: res.Source.Version, Name: res.Source.Path, Applied: true})
 	}
-	return out, nil
+	r.Citus = citus
+	if citus {
+		r.Distributed, err = Distribute(ctx, pool, opts.Logger)
+		if err != nil {
+			return r, err
+		}
+	}
+	return r, nil
 }
 
 // List reports every known migration and whether it is applied.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ledgerkeeper/ledgerkeeper/internal/engine"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -115,7 +116,18 @@ func readPlannerStats(ctx context.Context, db ledger.DBTX) (plannerStats, error)
 // a skip scan of idempotency_keys_tool_created_idx, one index descent per
 // tool (PostgreSQL 15 has no skip scan of its own; this is the recursive
 // form of it).
-const distinctTools = `WITH RECURSIVE tools(tool) AS (
+//
+// Citus runs a recursive CTE only within one shard: there (distinctTools
+// when engine.Citus()) each shard lists its own tools, a scan of its part
+// of the index rather than one descent per tool.
+func distinctTools() string {
+	if engine.Citus() {
+		return `WITH tools(tool) AS (SELECT DISTINCT tool FROM idempotency_keys)`
+	}
+	return distinctToolsSkipScan
+}
+
+const distinctToolsSkipScan = `WITH RECURSIVE tools(tool) AS (
 		SELECT min(tool) FROM idempotency_keys
 		UNION ALL
 		SELECT (SELECT min(k.tool) FROM idempotency_keys k WHERE k.tool > t.tool) FROM tools t WHERE t.tool IS NOT NULL
@@ -144,7 +156,7 @@ func StatsWith(ctx context.Context, db ledger.DBTX, windows Windows, opts StatsO
 		c.Tools, err = exactStats(ctx, db, windows)
 		return c, err
 	}
-	rows, err := db.Query(ctx, distinctTools+` SELECT tool FROM tools WHERE tool IS NOT NULL`)
+	rows, err := db.Query(ctx, distinctTools()+` SELECT tool FROM tools WHERE tool IS NOT NULL`)
 	if err != nil {
 		return Counts{}, wrap("list tools", err)
 	}
@@ -264,7 +276,7 @@ func sortedStats(byTool map[string]*ToolStats) []ToolStats {
 // same skip scan as StatsWith (one index descent per tool): `reconcile
 // --tool` tells a tool with keys but no configuration from a typo.
 func LedgerTools(ctx context.Context, db ledger.DBTX) ([]string, error) {
-	rows, err := db.Query(ctx, distinctTools+` SELECT tool FROM tools WHERE tool IS NOT NULL ORDER BY tool`)
+	rows, err := db.Query(ctx, distinctTools()+` SELECT tool FROM tools WHERE tool IS NOT NULL ORDER BY tool`)
 	if err != nil {
 		return nil, fmt.Errorf("list the ledger's tools: %w", err)
 	}

@@ -72,8 +72,10 @@ func putHold(ctx context.Context, tx pgx.Tx, key, reason, actor string, replace 
 	case !errors.Is(err, ledger.ErrNotFound):
 		return nil, err
 	}
+	// created_at from excluded (its default, now()): Citus refuses now()
+	// in DO UPDATE SET.
 	_, err = tx.Exec(ctx, `INSERT INTO key_holds (key, reason, actor) VALUES ($1, $2, $3)
-		ON CONFLICT (key) DO UPDATE SET reason = excluded.reason, actor = excluded.actor, created_at = now()`, key, reason, actor)
+		ON CONFLICT (key) DO UPDATE SET reason = excluded.reason, actor = excluded.actor, created_at = excluded.created_at`, key, reason, actor)
 	if err != nil {
 		return nil, wrap("hold key", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/engine"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -96,6 +97,19 @@ func (p PurgePolicy) args() ([]string, []time.Duration, time.Duration) {
 	return tools, floors, p.MinAge
 }
 
+// cutoffs returns the policy as cut-offs at now (the transaction's now():
+// the instant its statements' now() stands for): keys created before a
+// tool's cut-off are past its floor. Intervals bound from a time.Duration
+// are microseconds, so now() - floor in SQL is the same instant.
+func (p PurgePolicy) cutoffs(now time.Time) ([]string, []time.Time, time.Time) {
+	tools, floors, def := p.args()
+	cuts := make([]time.Time, len(floors))
+	for i, f := range floors {
+		cuts[i] = now.Add(-f)
+	}
+	return tools, cuts, now.Add(-def)
+}
+
 // purgeable is the predicate of a purgeable key k, with the floor arrays and
 // default in $2, $3, $4. It is evaluated twice per batch: when candidates
 // are chosen, and again in the DELETE on the rows as they are then (a ctid
@@ -106,9 +120,14 @@ func (p PurgePolicy) args() ([]string, []time.Duration, time.Duration) {
 // is an array lookup, not a subquery; holds are one hashed set per statement
 // (key_holds.key is never null, so NOT IN means NOT EXISTS), not an index
 // probe per row. Together 20% cheaper than the straightforward form.
+//
+// The floors arrive as cut-offs ($3 per tool, $4 the default: the
+// transaction's now() minus each floor, cutoffs): Citus refuses date
+// arithmetic on a column's value (now() - a floor looked up by k.tool) in
+// a DELETE, and a bound cut-off is the same comparison on both engines.
 const purgeable = `k.expires_at < now()
 	  AND k.status IN ('completed', 'failed_retryable')
-	  AND k.created_at < now() - coalesce(($3::interval[])[array_position($2::text[], k.tool::text)], $4::interval)
+	  AND k.created_at < coalesce(($3::timestamptz[])[array_position($2::text[], k.tool::text)], $4::timestamptz)
 	  AND k.key NOT IN (SELECT h.key FROM key_holds h)`
 
 // PurgeCursor is a keyset position in (expires_at, key) order. The zero
@@ -218,12 +237,30 @@ func (s PurgeShape) Known() bool {
 	return ok
 }
 
+// ErrShapeUnsupported: the purge shape cannot run on this engine.
+var ErrShapeUnsupported = errors.New("purge shape not supported on this engine")
+
+// Supported says whether the shape runs on the engine in use
+// (internal/engine): PurgeByCTID needs PostgreSQL's ctid, which names a
+// row of one table, and a Citus distributed table is many (Citus refuses
+// the statement: "cannot perform distributed planning for the given
+// modification").
+func (s PurgeShape) Supported() error {
+	if s == PurgeByCTID && engine.Citus() {
+		return fmt.Errorf("%w: %q needs PostgreSQL's ctid, which a Citus distributed table does not have; use %q", ErrShapeUnsupported, s, PurgeByRange)
+	}
+	return nil
+}
+
 // PurgeExpiredBatchBy is PurgeExpiredBatch with the shape of its DELETE
 // chosen by the caller (lkbench compares them; expiry.Config.BatchShape).
 func PurgeExpiredBatchBy(ctx context.Context, db Beginner, shape PurgeShape, p PurgePolicy, after PurgeCursor, limit int) (PurgeBatchResult, error) {
 	q, ok := purgeBatchSQL[shape]
 	if !ok {
 		panic(fmt.Sprintf("ledger: unknown purge shape %q", shape))
+	}
+	if err := shape.Supported(); err != nil {
+		return PurgeBatchResult{}, err
 	}
 	if limit <= 0 {
 		panic("ledger: PurgeExpiredBatch needs a positive limit")
@@ -292,9 +329,13 @@ GROUP BY g.tool, g.status ORDER BY g.tool, g.status`
 // purgeable rows after the cursor and delete those still purgeable. It
 // returns the deleted keys.
 func deletePurge(ctx context.Context, tx pgx.Tx, q string, p PurgePolicy, after PurgeCursor, limit int) (PurgeBatchResult, []string, error) {
-	tools, floors, def := p.args()
+	now, err := TxNow(ctx, tx)
+	if err != nil {
+		return PurgeBatchResult{}, nil, err
+	}
+	tools, cuts, def := p.cutoffs(now)
 	at, key := after.args()
-	rows, err := tx.Query(ctx, q, at, tools, floors, def, key, limit)
+	rows, err := tx.Query(ctx, q, at, tools, cuts, def, key, limit)
 	if err != nil {
 		return PurgeBatchResult{}, nil, err
 	}

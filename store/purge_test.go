@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +39,9 @@ func exists(t *testing.T, db *pgtest.DB, key string) bool {
 func eachShape(t *testing.T, test func(t *testing.T, shape PurgeShape)) {
 	shapes := make([]PurgeShape, 0, len(purgeBatchSQL))
 	for s := range purgeBatchSQL {
-		shapes = append(shapes, s)
+		if s.Supported() == nil { // ctid is PostgreSQL's alone: TestPurgeShapeSupportedByTheEngine
+			shapes = append(shapes, s)
+		}
 	}
 	slices.Sort(shapes)
 	for _, shape := range shapes {
@@ -54,7 +57,7 @@ func eachShape(t *testing.T, test func(t *testing.T, shape PurgeShape)) {
 func waitBlocked(t *testing.T, db *pgtest.DB) {
 	t.Helper()
 	testwait.Eventually(t, func() bool {
-		return db.Count(t, "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'") > 0
+		return db.Count(t, pgtest.LockWaiters()) > 0
 	}, testwait.Timeout, "a session of the test's database to wait on a lock")
 }
 
@@ -313,4 +316,29 @@ func TestPurgeLock(t *testing.T) {
 		t.Fatalf("lock after release: %v %v", ok, err)
 	}
 	_ = ReleasePurgeLock(ctx, c2)
+}
+
+// Every shape runs on PostgreSQL; on Citus the ctid shape is refused with
+// an error naming the shape to use, before anything is deleted.
+func TestPurgeShapeSupportedByTheEngine(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	putKey(t, db, "old", "t", ledger.StatusCompleted, 3*day, -day)
+	policy := PurgePolicy{MinAge: time.Hour}
+	_, err := PurgeExpiredBatchBy(context.Background(), db.Pool, PurgeByCTID, policy, PurgeCursor{}, 10)
+	if !pgtest.Citus() {
+		if err != nil {
+			t.Fatalf("ctid shape on PostgreSQL: %v", err)
+		}
+		if n := db.Count(t, "idempotency_keys"); n != 0 {
+			t.Fatalf("%d keys left, want the expired one purged", n)
+		}
+		return
+	}
+	if !errors.Is(err, ErrShapeUnsupported) || !strings.Contains(err.Error(), string(PurgeByRange)) {
+		t.Fatalf("ctid shape on Citus: err = %v, want ErrShapeUnsupported naming %q", err, PurgeByRange)
+	}
+	if n := db.Count(t, "idempotency_keys"); n != 1 {
+		t.Fatalf("%d keys left, want the ledger untouched", n)
+	}
 }

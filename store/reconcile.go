@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/backoff"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/engine"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -96,11 +98,17 @@ func LeaseDue(ctx context.Context, db ledger.DBTX, p LeaseParams) ([]Leased, err
 	if !p.ClaimedFrom.IsZero() {
 		from = &p.ClaimedFrom
 	}
-	rows, err := db.Query(ctx, leaseDue, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, p.Owner, p.Lease, from)
-	if err != nil {
-		return nil, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
+	var out []Leased
+	var err error
+	if engine.Citus() {
+		out, err = leaseDueCitus(ctx, db, p, keys, from)
+	} else {
+		var rows pgx.Rows
+		rows, err = db.Query(ctx, leaseDue, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, p.Owner, p.Lease, from)
+		if err == nil {
+			out, err = pgx.CollectRows(rows, pgx.RowToStructByName[Leased])
+		}
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[Leased])
 	if err != nil || len(out) == 0 {
 		return out, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
 	}
@@ -116,7 +124,7 @@ func LeaseDue(ctx context.Context, db ledger.DBTX, p LeaseParams) ([]Leased, err
 	// written as EXISTS, its plan scanned every lease this pass holds
 	// (thousands while a batch waits for its closing self-check: 20 ms a
 	// lease instead of 2; BENCHMARKS.md, "The self-check bracket").
-	rows, err = db.Query(ctx, `UPDATE reconcile_state s SET lease_owner = NULL, lease_expires_at = NULL
+	rows, err := db.Query(ctx, `UPDATE reconcile_state s SET lease_owner = NULL, lease_expires_at = NULL
 		FROM key_holds h
 		WHERE h.key = ANY($1::text[]) AND s.key = h.key AND s.lease_owner = $2
 		RETURNING s.key`, pgx.QueryExecModeCacheDescribe, leased, p.Owner)
@@ -172,6 +180,124 @@ SELECT ` + keyColumnsOf("c") + `,
 FROM leased l JOIN candidates c ON c.key = l.key
 ORDER BY c.claimed_at`
 
+// leaseDueCitus is LeaseDue's shape on Citus, which refuses a row lock
+// across shards (FOR UPDATE over a distributed table without one key): in
+// rounds until the limit is reached or no candidate is left,
+//
+//  1. a lock-free read of the oldest due keys after the last round's
+//     (leaseCandidates: per shard, then merged), with their columns;
+//  2. one compare-and-set upsert of their leases (leaseCandidatesCAS),
+//     each key leased only if it is still as read (processing, the same
+//     claim, the same heartbeat, no hold) and, on the latest committed
+//     reconcile_state row, not leased by anyone else nor backing off.
+//
+// The upsert's ON CONFLICT re-check is what makes a lease exclusive, as in
+// the PostgreSQL shape. Concurrent leasers read the same candidates (there
+// is no SKIP LOCKED to keep them apart); the loser of each key waits for the
+// winner's commit, finds the key leased and goes on to the next round's
+// candidates: it skips the keys leased by others, after waiting once per
+// contended batch instead of skipping row locks.
+func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []string, from *time.Time) ([]Leased, error) {
+	var out []Leased
+	var afterAt any = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	afterKey := ""
+	for len(out) < p.Limit {
+		want := p.Limit - len(out)
+		rows, err := db.Query(ctx, leaseCandidates, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, want, afterAt, afterKey, from)
+		if err != nil {
+			return nil, err
+		}
+		cands, err := pgx.CollectRows(rows, pgx.RowToStructByName[ledger.Key])
+		if err != nil || len(cands) == 0 {
+			return out, err
+		}
+		ck := make([]string, len(cands))
+		cc := make([]time.Time, len(cands))
+		ch := make([]*time.Time, len(cands))
+		byKey := make(map[string]ledger.Key, len(cands))
+		for i, c := range cands {
+			ck[i], cc[i], ch[i] = c.Key, c.ClaimedAt, c.HeartbeatAt
+			byKey[c.Key] = c
+		}
+		rows, err = db.Query(ctx, leaseCandidatesCAS, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, ck, cc, ch, p.IgnoreBackoff, p.Owner, p.Lease)
+		if err != nil {
+			return nil, err
+		}
+		var l Leased
+		var key string
+		_, err = pgx.ForEachRow(rows, []any{&key, &l.Attempts, &l.FirstNotFoundAt, &l.LeaseExpiresAt, &l.Now}, func() error {
+			l.Key = byKey[key]
+			out = append(out, l)
+			l = Leased{}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		last := cands[len(cands)-1]
+		afterAt, afterKey = last.ClaimedAt, last.Key
+		if len(cands) < want {
+			break
+		}
+	}
+	slices.SortFunc(out, func(a, b Leased) int {
+		if c := a.ClaimedAt.Compare(b.ClaimedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key.Key, b.Key.Key)
+	})
+	return out, nil
+}
+
+// leaseCandidates is leaseDueCitus's read: $1-$5 as in duePredicate, $6
+// limit, $7 and $8 the claimed_at and key of the last candidate of the
+// previous round, $9 claimed from or null.
+var leaseCandidates = `
+SELECT ` + keyColumnsOf("k") + `
+FROM idempotency_keys k
+LEFT JOIN reconcile_state s ON s.key = k.key
+WHERE ` + duePredicate + `
+  AND ($9::timestamptz IS NULL OR k.claimed_at >= $9)
+  AND (k.claimed_at, k.key) > ($7::timestamptz, $8::text)
+ORDER BY k.claimed_at, k.key
+LIMIT $6`
+
+// leaseCandidatesCAS is leaseDueCitus's write: $1 tool, $2 window, $3
+// heartbeat timeout, $4 the candidates' keys with $5 their claimed_at and
+// $6 their heartbeat_at as read, $7 ignore back-off, $8 owner, $9 lease.
+// An INSERT ... SELECT from idempotency_keys into the co-located
+// reconcile_state: Citus runs it shard by shard. Its DO UPDATE reads the
+// time from excluded.updated_at (the statement's now()): Citus refuses a
+// function that is not IMMUTABLE there.
+const leaseCandidatesCAS = `
+INSERT INTO reconcile_state AS s (key, tool, claimed_at, lease_owner, lease_expires_at, updated_at)
+SELECT k.key, k.tool, k.claimed_at, $8::text, now() + $9::interval, now()
+FROM idempotency_keys k
+WHERE k.key = ANY($4::text[])
+  AND k.claimed_at = ($5::timestamptz[])[array_position($4::text[], k.key::text)]
+  AND k.heartbeat_at IS NOT DISTINCT FROM ($6::timestamptz[])[array_position($4::text[], k.key::text)]
+  AND k.status = 'processing'
+  AND k.tool = $1::text
+  AND k.claimed_at <= now() - $2::interval
+  AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - $3::interval)
+  AND NOT EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
+ON CONFLICT (key) DO UPDATE SET
+	tool = excluded.tool,
+	lease_owner = excluded.lease_owner,
+	lease_expires_at = excluded.lease_expires_at,
+	updated_at = excluded.updated_at,
+	attempts = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.attempts ELSE 0 END,
+	next_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.next_probe_at END,
+	first_not_found_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END,
+	last_verdict = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_verdict END,
+	last_error = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_error END,
+	last_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_probe_at END,
+	claimed_at = excluded.claimed_at
+WHERE s.claimed_at <> excluded.claimed_at OR (
+      (s.lease_expires_at IS NULL OR s.lease_expires_at <= excluded.updated_at)
+      AND ($7::bool OR s.next_probe_at IS NULL OR s.next_probe_at <= excluded.updated_at))
+RETURNING s.key, s.attempts, s.first_not_found_at, s.lease_expires_at, s.updated_at`
+
 // PeekDue lists due keys like LeaseDue but leases nothing and locks nothing:
 // for dry runs. It pages by keyset: pass the last key of the previous page
 // as after (the zero value starts at the beginning).
@@ -222,7 +348,16 @@ WITH RECURSIVE t AS (
 SELECT tool FROM t WHERE tool IS NOT NULL
   AND EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.status = 'processing' AND k.tool = t.tool
               AND k.claimed_at <= now() - $1::interval)`
-	rows, err := db.Query(ctx, q, olderThan)
+	// Citus runs a recursive CTE only within one shard: there, each shard
+	// lists its own tools from the partial index and the coordinator
+	// merges them (the cost grows with the processing keys, not the tools).
+	const qCitus = `SELECT DISTINCT tool FROM idempotency_keys
+WHERE status = 'processing' AND claimed_at <= now() - $1::interval ORDER BY tool`
+	query := q
+	if engine.Citus() {
+		query = qCitus
+	}
+	rows, err := db.Query(ctx, query, olderThan)
 	if err != nil {
 		return nil, wrap("list tools with processing keys", err)
 	}
@@ -365,6 +500,19 @@ func decideMany(ctx context.Context, tx pgx.Tx, ds []pending) ([]DecideResult, e
 	LEFT JOIN reconcile_state s ON s.key = k.key AND s.claimed_at = d.claimed_at
 	ORDER BY k.key
 	FOR NO KEY UPDATE OF k`
+	// readOne is read for one key ($2, its position $1): Citus's shape,
+	// a single-shard query it can lock in. Every table is filtered by the
+	// key itself (h.key = $2, not h.key = k.key): Citus routes a locking
+	// read to one shard only when it can see that from each table.
+	const readOne = `SELECT $1::bigint, k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
+		k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at,
+		coalesce(s.attempts, 0), s.lease_owner,
+		EXISTS (SELECT 1 FROM key_holds h WHERE h.key = $2),
+		(k.claimed_at > now() - $4::interval OR coalesce(k.heartbeat_at > now() - $5::interval, false))
+	FROM idempotency_keys k
+	LEFT JOIN reconcile_state s ON s.key = k.key AND s.claimed_at = $3
+	WHERE k.key = $2
+	FOR NO KEY UPDATE OF k`
 	keys := make([]string, len(ds))
 	claims := make([]time.Time, len(ds))
 	wins := make([]time.Duration, len(ds))
@@ -372,22 +520,43 @@ func decideMany(ctx context.Context, tx pgx.Tx, ds []pending) ([]DecideResult, e
 	for i, d := range ds {
 		keys[i], claims[i], wins[i], hbs[i] = d.Key, d.ClaimedAt, d.window, d.heartbeatTimeout
 	}
-	rows, err := tx.Query(ctx, read, keys, claims, wins, hbs)
-	if err != nil {
-		return nil, wrap("read keys for decision", err)
-	}
 	found := make([]decisionRow, len(ds))
 	var i int64
 	var r decisionRow
-	_, err = pgx.ForEachRow(rows, []any{&i, &r.cur.Key, &r.cur.Tool, &r.cur.RequestHash, &r.cur.RequestBody, &r.cur.Status,
+	dest := []any{&i, &r.cur.Key, &r.cur.Tool, &r.cur.RequestHash, &r.cur.RequestBody, &r.cur.Status,
 		&r.cur.ResponseCode, &r.cur.ResponseBody, &r.cur.CreatedAt, &r.cur.ClaimedAt, &r.cur.UpdatedAt, &r.cur.ExpiresAt,
-		&r.cur.HeartbeatAt, &r.attempts, &r.leaseOwner, &r.held, &r.inFlight}, func() error {
+		&r.cur.HeartbeatAt, &r.attempts, &r.leaseOwner, &r.held, &r.inFlight}
+	keep := func() error {
 		found[i-1] = r
 		r = decisionRow{}
 		return nil
-	})
-	if err != nil {
-		return nil, wrap("read keys for decision", err)
+	}
+	if engine.Citus() {
+		// Citus refuses FOR UPDATE across shards: one locking read per
+		// key, each on its key's shard, sent in key order in one batch.
+		order := make([]int, len(ds))
+		for n := range order {
+			order[n] = n
+		}
+		slices.SortFunc(order, func(a, b int) int { return strings.Compare(keys[a], keys[b]) })
+		batch := &pgx.Batch{}
+		for _, n := range order {
+			batch.Queue(readOne, n+1, keys[n], claims[n], wins[n], hbs[n]).Query(func(rows pgx.Rows) error {
+				_, err := pgx.ForEachRow(rows, dest, keep)
+				return err
+			})
+		}
+		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+			return nil, wrap("read keys for decision", err)
+		}
+	} else {
+		rows, err := tx.Query(ctx, read, keys, claims, wins, hbs)
+		if err != nil {
+			return nil, wrap("read keys for decision", err)
+		}
+		if _, err = pgx.ForEachRow(rows, dest, keep); err != nil {
+			return nil, wrap("read keys for decision", err)
+		}
 	}
 	out := make([]DecideResult, len(ds))
 	batch := &pgx.Batch{}
@@ -480,7 +649,8 @@ func queueDecision(batch *pgx.Batch, d pending, r decisionRow, res *DecideResult
 		// Bookkeeping: release the lease (whoever holds it: we hold the
 		// row lock, so for a lease decision it is ours, and an operator's
 		// decision settles the claim), note the verdict, schedule the next
-		// probe.
+		// probe. The time in DO UPDATE comes from excluded (the VALUES'
+		// now()): Citus refuses a function that is not IMMUTABLE there.
 		keepNotFound := !d.NotFoundSeen && d.Verdict == "unknown"
 		batch.Queue(`INSERT INTO reconcile_state AS s (key, tool, claimed_at, attempts, next_probe_at, last_verdict, last_error, last_probe_at, first_not_found_at, updated_at)
 			VALUES ($1, $2, $3, $4, now() + $5::interval, $6, $7, now(), CASE WHEN $8 THEN now() END, now())
@@ -488,9 +658,9 @@ func queueDecision(batch *pgx.Batch, d pending, r decisionRow, res *DecideResult
 				tool = excluded.tool, claimed_at = excluded.claimed_at, attempts = excluded.attempts,
 				next_probe_at = excluded.next_probe_at, last_verdict = excluded.last_verdict,
 				last_error = excluded.last_error, last_probe_at = excluded.last_probe_at,
-				first_not_found_at = CASE WHEN $8 THEN coalesce(CASE WHEN s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END, now())
+				first_not_found_at = CASE WHEN $8 THEN coalesce(CASE WHEN s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END, excluded.first_not_found_at)
 				                          WHEN $9 AND s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END,
-				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()`,
+				lease_owner = NULL, lease_expires_at = NULL, updated_at = excluded.updated_at`,
 			d.Key, d.Tool, d.ClaimedAt, attempts, next, d.Verdict, lastErr, d.NotFoundSeen, keepNotFound)
 	}
 	queueAudit(batch, AuditEntry{Key: d.Key, Tool: d.Tool, Attempt: res.Attempts, Verdict: d.Verdict, Action: res.Action,

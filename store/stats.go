@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/engine"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -143,7 +144,7 @@ func stuckStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolSta
 	// inner select was inlined into each of the four aggregates and ran
 	// four times per key (151 ms against 11 ms for 1,540 stuck keys of a
 	// 20M-key ledger).
-	rows, err = db.Query(ctx, `SELECT w.ord, s.stuck, s.oldest, s.age, s.held
+	q := `SELECT w.ord, s.stuck, s.oldest, s.age, s.held
 		FROM unnest($1::text[], $2::interval[], $3::interval[]) WITH ORDINALITY AS w(tool, win, hb, ord)
 		CROSS JOIN LATERAL (
 			SELECT count(*) FILTER (WHERE h.key IS NULL) AS stuck, min(k.claimed_at) FILTER (WHERE h.key IS NULL) AS oldest,
@@ -152,7 +153,11 @@ func stuckStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolSta
 			FROM idempotency_keys k LEFT JOIN key_holds h ON h.key = k.key
 			WHERE k.status = 'processing' AND k.tool = w.tool AND k.claimed_at <= now() - w.win
 			  AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - w.hb)
-		) s`, tools, wins, hbs)
+		) s`
+	if engine.Citus() {
+		q = stuckStatsCitus
+	}
+	rows, err = db.Query(ctx, q, tools, wins, hbs)
 	if err != nil {
 		return nil, nil, wrap("count stuck keys", err)
 	}
@@ -216,3 +221,18 @@ func LastRuns(ctx context.Context, db ledger.DBTX) ([]Run, error) {
 	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Run])
 	return out, wrap("read last runs", err)
 }
+
+// stuckStatsCitus is StuckStats's per-tool count on Citus, which cannot
+// push a LATERAL join from a list of tools down to the shards: one
+// grouped scan of the processing keys of those tools (the partial index,
+// per shard), each row judged against its tool's window by its position
+// in the arrays. Same parameters and columns as the PostgreSQL statement.
+const stuckStatsCitus = `SELECT array_position($1::text[], k.tool::text)::bigint AS ord,
+		count(*) FILTER (WHERE h.key IS NULL) AS stuck, min(k.claimed_at) FILTER (WHERE h.key IS NULL) AS oldest,
+		extract(epoch FROM now() - min(k.claimed_at) FILTER (WHERE h.key IS NULL))::float8 AS age,
+		count(h.key) AS held
+	FROM idempotency_keys k LEFT JOIN key_holds h ON h.key = k.key
+	WHERE k.status = 'processing' AND k.tool = ANY($1::text[])
+	  AND k.claimed_at <= now() - ($2::interval[])[array_position($1::text[], k.tool::text)]
+	  AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - ($3::interval[])[array_position($1::text[], k.tool::text)])
+	GROUP BY k.tool`

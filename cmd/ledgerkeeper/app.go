@@ -19,6 +19,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/engine"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
@@ -229,6 +230,14 @@ func connectFollowing(ctx context.Context, raw string, maxConns int, opts ledger
 		return nil, nil, fmt.Errorf("cannot reach database at %s:%d/%s (%v): is PostgreSQL running? set database.url, $%s or --database-url",
 			pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, rootCause(err), envDatabaseURL)
 	}
+	// On a Citus coordinator the store takes its Citus shapes (package
+	// internal/engine): once per process, from what it is connected to.
+	citus, err := engine.Detect(pctx, pool)
+	if err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("database at %s: %w", redactURL(raw), err)
+	}
+	engine.SetCitus(citus)
 	return pool, follower, nil
 }
 
