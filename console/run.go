@@ -336,6 +336,12 @@ func (h *Handler) reconcileNow(w http.ResponseWriter, r *http.Request) {
 		h.failed(w, r, "reading the key", err)
 		return
 	}
+	if !f.Confirmed {
+		h.confirm(w, r, f, "reconcile", "Reconcile this key now", func(k ledger.Key) confirmData {
+			return confirmData{Lines: reconcileLines(k)}
+		}, nil)
+		return
+	}
 	release, refused, wait := h.cfg.Run.gates.reconcile.enter(f.Key, time.Now())
 	if refused != "" {
 		h.log.Info("console: reconcile now refused", "user", user, "key", f.Key, "why", refused)
@@ -359,6 +365,19 @@ func (h *Handler) reconcileNow(w http.ResponseWriter, r *http.Request) {
 	v := h.reconcileView(f.Key, who, rep, runErr)
 	h.log.Info("console: reconcile now done", "user", user, "key", f.Key, "decided", rep.Decided, "summary", v.Summary, "err", v.Error)
 	h.renderKey(w, withRunResult(r, keyRun{Reconcile: v}), f.Key, http.StatusOK, "")
+}
+
+// reconcileLines is what a pass of one key may change for its retries.
+func reconcileLines(k ledger.Key) []string {
+	if k.Status != ledger.StatusProcessing {
+		return []string{"The key is " + k.Status + ": a reconcile pass leaves settled keys alone, so nothing will change for its retries."}
+	}
+	return []string{
+		"The reconciler probes this key now, under every rule of a scheduled pass (the circuit breaker, the probe's trust, leases, holds, the tool's window): it may decide nothing.",
+		"If the probe finds the effect, its outcome is stored and every retry of this key receives it from then on, instead of running " + k.Tool + " again.",
+		"If the probe, trusted and witnessed, finds no effect, the key is marked failed_retryable and the next retry runs " + k.Tool + " again.",
+		"Otherwise the key stays processing and every retry keeps receiving 409 (in progress) with Retry-After.",
+	}
 }
 
 func (h *Handler) reconcileView(key, who string, rep reconcile.Report, runErr error) *reconcileView {

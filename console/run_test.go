@@ -242,7 +242,7 @@ func TestWithoutAProberOrReconcilerTheButtonsAreAbsentAndThePostsSaySo(t *testin
 	p := r.post(t, "alice", "/ui/key/probe", url.Values{"key": {"k-1"}})
 	wantStatus(t, p, http.StatusServiceUnavailable)
 	wantIn(t, p.Body, "Probe now is not available here")
-	rc := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}})
+	rc := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}, "confirm": {"yes"}})
 	wantStatus(t, rc, http.StatusServiceUnavailable)
 	wantIn(t, rc.Body, "Reconcile this key now is not available here")
 	sameRows(t, before, r.written(t))
@@ -256,7 +256,17 @@ func TestReconcileNowDecidesTheStuckKeyAndRecordsThePassAsTheUser(t *testing.T) 
 	d.set(func(d *tickets) { d.found["k-1"], d.found["k-other"] = true, true })
 	page := r.get(t, "alice", "/ui/key?key=k-1")
 	wantIn(t, page.Body, `action="/ui/key/reconcile"`)
-	resp := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}})
+	// First the confirmation: what the pass may change for retries;
+	// nothing asked, nothing written.
+	before := r.written(t)
+	ask := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}})
+	wantStatus(t, ask, http.StatusOK)
+	wantIn(t, ask.Body, "Reconcile this key now: confirm", "every retry of this key receives it", `name="confirm" value="yes"`)
+	sameRows(t, before, r.written(t))
+	if n := d.count(); n != 0 {
+		t.Errorf("the confirmation asked the downstream %d times", n)
+	}
+	resp := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}, "confirm": {"yes"}})
 	wantStatus(t, resp, http.StatusOK)
 	wantIn(t, resp.Body, "Reconcile now: decided: completed", "console:alice", "probe said found")
 	wantNotIn(t, resp.Body, cSecret)
@@ -290,7 +300,7 @@ func TestReconcileNowLeavesAHeldKeyAlone(t *testing.T) {
 	if _, err := operator.Hold(bg, r.db.Pool, operator.HoldRequest{Key: "k-1", Reason: "looking", Actor: "carol"}); err != nil {
 		t.Fatal(err)
 	}
-	resp := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}})
+	resp := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}, "confirm": {"yes"}})
 	wantStatus(t, resp, http.StatusOK)
 	wantIn(t, resp.Body, "nothing decided", "on hold")
 	if got := r.key(t, "k-1"); got.Status != ledger.StatusProcessing {
@@ -307,7 +317,7 @@ func TestReconcileNowDecidesNothingWhileTheProbeIsUntrustedOrTheBreakerOpen(t *t
 	r.putKey(t, "k-1", ledger.StatusProcessing, time.Hour)
 	// A broken downstream finds the made-up key too: the self-check fails.
 	d.set(func(d *tickets) { d.all = true })
-	resp := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}})
+	resp := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}, "confirm": {"yes"}})
 	wantStatus(t, resp, http.StatusOK)
 	wantIn(t, resp.Body, "nothing decided", "untrusted")
 	if got := r.key(t, "k-1"); got.Status != ledger.StatusProcessing {
@@ -323,7 +333,7 @@ func TestReconcileNowDecidesNothingWhileTheProbeIsUntrustedOrTheBreakerOpen(t *t
 	r.db.Exec(t, `INSERT INTO tool_breakers (tool, consecutive_failures, opens, open_until, last_error) VALUES ($1, 5, 1, now() + interval '10 minutes', 'timeout')
 		ON CONFLICT (tool) DO UPDATE SET opens = 1, open_until = now() + interval '10 minutes'`, cTool)
 	asked := d.count()
-	open := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}})
+	open := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}, "confirm": {"yes"}})
 	wantIn(t, open.Body, "nothing decided", "circuit breaker")
 	if got := r.key(t, "k-1"); got.Status != ledger.StatusProcessing {
 		t.Fatalf("a key was decided with the breaker open: %s", got.Status)
@@ -341,7 +351,7 @@ func TestReconcileNowNeedsTheGrantAndARefusalWritesNothing(t *testing.T) {
 	d.set(func(d *tickets) { d.found["k-1"] = true })
 	before := r.written(t)
 	for _, user := range []string{"bob", "carol"} {
-		resp := r.post(t, user, "/ui/key/reconcile", url.Values{"key": {"k-1"}})
+		resp := r.post(t, user, "/ui/key/reconcile", url.Values{"key": {"k-1"}, "confirm": {"yes"}})
 		wantStatus(t, resp, http.StatusForbidden)
 		wantIn(t, resp.Body, "not granted reconcile")
 	}
@@ -355,7 +365,7 @@ func TestReconcileNowNeedsTheGrantAndARefusalWritesNothing(t *testing.T) {
 	g := newRig(t, withRun(t, d, 0), func(c *Config) { c.Operators = map[string][]Action{"bob": {ActionReconcile}} })
 	g.putKey(t, "k-1", ledger.StatusProcessing, time.Hour)
 	wantIn(t, g.get(t, "bob", "/ui/key?key=k-1").Body, `action="/ui/key/reconcile"`)
-	wantStatus(t, g.post(t, "bob", "/ui/key/reconcile", url.Values{"key": {"k-1"}}), http.StatusOK)
+	wantStatus(t, g.post(t, "bob", "/ui/key/reconcile", url.Values{"key": {"k-1"}, "confirm": {"yes"}}), http.StatusOK)
 	if got := g.key(t, "k-1"); got.Status != ledger.StatusCompleted {
 		t.Errorf("bob's granted reconcile left k-1 %s", got.Status)
 	}
@@ -542,7 +552,7 @@ func TestReconcileNowLeavesAKeyInFlightAlone(t *testing.T) {
 	r := newRig(t, withRun(t, d, 0))
 	r.putKey(t, "k-1", ledger.StatusProcessing, time.Second) // inside its 30 s window
 	d.set(func(d *tickets) { d.found["k-1"] = true })
-	resp := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}})
+	resp := r.post(t, "alice", "/ui/key/reconcile", url.Values{"key": {"k-1"}, "confirm": {"yes"}})
 	wantStatus(t, resp, http.StatusOK)
 	wantIn(t, resp.Body, "nothing decided", "in flight")
 	if got := r.key(t, "k-1"); got.Status != ledger.StatusProcessing {

@@ -51,7 +51,7 @@ func probeAndReconcile(t *testing.T, db *pgtest.DB, tk *tickets, base, user, pas
 	if n := db.Count(t, `reconcile_audit`) + db.Count(t, `ledgerkeeper_runs`) + db.Count(t, `idempotency_keys WHERE status <> 'processing'`); n != 0 {
 		t.Errorf("probe now wrote %d rows", n)
 	}
-	code, page = httpDo(t, http.MethodPost, base+"/ui/key/reconcile", user, pass, url.Values{"key": {key}})
+	code, page = httpDo(t, http.MethodPost, base+"/ui/key/reconcile", user, pass, url.Values{"key": {key}, "confirm": {"yes"}})
 	if code != http.StatusOK || !strings.Contains(page, "decided: completed") {
 		t.Fatalf("reconcile now: %d\n%s", code, page)
 	}

@@ -162,8 +162,10 @@ func TestOperatorReadsTheRunPagesProbesAndReconcilesAKey(t *testing.T) {
 	if n := db.Count(t, `idempotency_keys WHERE key = $1 AND status = 'processing'`, key); n != 1 {
 		t.Fatalf("probe now changed the key")
 	}
-	do(t, alice, "reconcile the key now",
+	do(t, alice, "reconcile the key now, confirmed",
 		chromedp.Click(chromedp.CSS(`form[action="/ui/key/reconcile"] button`)),
+		chromedp.WaitVisible(chromedp.CSS("button.danger")),
+		chromedp.Click(chromedp.CSS("button.danger")),
 		chromedp.WaitVisible(chromedp.CSS("#reconcile-report")),
 	)
 	if rep := get(t, alice, "report", chromedp.Text(chromedp.CSS("#reconcile-report"))); !strings.Contains(rep, "decided: completed") {
