@@ -31,8 +31,9 @@
 // as the command line and Slack do, with the actor console:<user>, so they
 // get the same refusals (in flight, held, a 5xx outcome, a key claimed again
 // since the page was loaded: the form carries the claimed_at it showed) and
-// the same audit rows. Mark retryable and store outcome are confirmed on a
-// second page that repeats what every retry will receive.
+// the same audit rows. Every action, reconcile this key now included, is
+// confirmed on a second page that repeats what every retry will receive;
+// the first POST writes nothing.
 //
 // # Bulk actions
 //
