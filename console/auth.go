@@ -38,7 +38,7 @@ func newAuthenticator(cfg Config) (authenticator, error) {
 				return nil, fmt.Errorf("console: user %s: not a bcrypt hash", u)
 			}
 		}
-		b := &basicAuth{users: cfg.Users, ok: map[[32]byte]string{}}
+		b := &basicAuth{users: cfg.Users, ok: map[[32]byte]string{}, limit: newSignInLimit()}
 		if _, err := rand.Read(b.salt[:]); err != nil {
 			return nil, err
 		}
@@ -100,6 +100,8 @@ type basicAuth struct {
 	salt [32]byte
 	mu   sync.Mutex
 	ok   map[[32]byte]string
+	// limit bounds what failed sign-ins cost (signin_limit.go).
+	limit *signInLimit
 }
 
 func (b *basicAuth) user(r *http.Request) (string, int, string) {
@@ -114,12 +116,21 @@ func (b *basicAuth) user(r *http.Request) (string, int, string) {
 	if hit && known == name {
 		return name, 0, ""
 	}
+	addr := client(r)
+	if b.limit.blocked(addr) {
+		return "", http.StatusTooManyRequests, "too many failed sign-ins from your address: try again in a minute"
+	}
 	hash, exists := b.users[name]
 	if !exists {
-		_ = bcrypt.CompareHashAndPassword(b.dummy, []byte(pass))
-		return "", http.StatusUnauthorized, "wrong user name or password"
+		// An unknown name costs what a known one does.
+		hash = b.dummy
 	}
-	if bcrypt.CompareHashAndPassword(hash, []byte(pass)) != nil {
+	var err error
+	if !b.limit.check(r.Context(), func() { err = bcrypt.CompareHashAndPassword(hash, []byte(pass)) }) {
+		return "", http.StatusServiceUnavailable, "the sign-in was not checked before the request ended"
+	}
+	if !exists || err != nil {
+		b.limit.fail(addr)
 		return "", http.StatusUnauthorized, "wrong user name or password"
 	}
 	b.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"path"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
@@ -231,8 +232,11 @@ func (h *Handler) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		user, status, why := h.auth.user(r)
 		if status != 0 {
-			if status == http.StatusUnauthorized && h.cfg.Auth == AuthBasic {
+			switch {
+			case status == http.StatusUnauthorized && h.cfg.Auth == AuthBasic:
 				w.Header().Set("WWW-Authenticate", `Basic realm="ledgerkeeper console", charset="UTF-8"`)
+			case status == http.StatusTooManyRequests:
+				w.Header().Set("Retry-After", strconv.Itoa(int(signInWindow.Seconds())))
 			}
 			h.log.Info("console: request not authenticated", "path", r.URL.Path, "status", status, "why", why)
 			http.Error(w, why, status)
