@@ -640,7 +640,7 @@ func TestConfirmNotFoundAndDedupWindow(t *testing.T) {
 		t.Fatalf("dedup escalations = %d", n)
 	}
 	// An hour later (simulated), the second not_found confirms.
-	db.Exec(t, `UPDATE reconcile_state SET first_not_found_at = first_not_found_at - interval '61 minutes', next_probe_at = now() - interval '1 second' WHERE key = 'confirm'`)
+	backdateFirstNotFound(t, db, 61*time.Minute, "confirm")
 	rep = run(t, e, reconcile.Options{Keys: []string{"confirm"}})
 	if rep.Actions["marked_retryable"] != 1 {
 		t.Fatalf("second pass = %+v", rep.Actions)

@@ -72,7 +72,7 @@ func TestConfirmNotFoundWaitsTheWholeInterval(t *testing.T) {
 	within("first not_found", nextProbeIn(), time.Hour)
 
 	// Half an hour later (simulated), another not_found: not yet.
-	db.Exec(t, `UPDATE reconcile_state SET first_not_found_at = first_not_found_at - interval '30 minutes', next_probe_at = now() - interval '1 second'`)
+	backdateFirstNotFound(t, db, 30*time.Minute)
 	rep = run(t, e, reconcile.Options{})
 	if rep.Actions["awaiting_confirmation"] != 1 {
 		t.Fatalf("not_found 30 minutes after the first: %+v, want still awaiting confirmation", rep.Actions)
@@ -90,7 +90,7 @@ func TestConfirmNotFoundWaitsTheWholeInterval(t *testing.T) {
 	}
 
 	// The wait is over: the next not_found confirms.
-	db.Exec(t, `UPDATE reconcile_state SET first_not_found_at = first_not_found_at - interval '31 minutes', next_probe_at = now() - interval '1 second'`)
+	backdateFirstNotFound(t, db, 31*time.Minute)
 	rep = run(t, e, reconcile.Options{})
 	if rep.Actions["marked_retryable"] != 1 {
 		t.Fatalf("not_found 61 minutes after the first: %+v", rep.Actions)

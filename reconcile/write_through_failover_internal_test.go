@@ -88,7 +88,7 @@ func TestWriteCutByAFailoverIsWrittenOnAFreshConnection(t *testing.T) {
 			// The server goes away under the transaction: its backend is
 			// terminated (57P01 for the session), then the COMMIT fails.
 			pid := tx.Conn().PgConn().PID()
-			if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, pid); err != nil {
 				t.Errorf("terminate backend: %v", err)
 			}
 		}

@@ -146,6 +146,7 @@ const distinctToolsSkipScan = `WITH RECURSIVE tools(tool) AS (
 // the last ANALYZE did not see, the smallest tools (opts.ExactToolRows),
 // and opts.Exact are counted exactly.
 func StatsWith(ctx context.Context, db ledger.DBTX, windows Windows, opts StatsOptions) (Counts, error) {
+	engine.Ensure(ctx, db)
 	below := cmp.Or(opts.ExactBelow, DefaultExactBelow)
 	ps, err := readPlannerStats(ctx, db)
 	if err != nil {
@@ -276,6 +277,7 @@ func sortedStats(byTool map[string]*ToolStats) []ToolStats {
 // same skip scan as StatsWith (one index descent per tool): `reconcile
 // --tool` tells a tool with keys but no configuration from a typo.
 func LedgerTools(ctx context.Context, db ledger.DBTX) ([]string, error) {
+	engine.Ensure(ctx, db)
 	rows, err := db.Query(ctx, distinctTools()+` SELECT tool FROM tools WHERE tool IS NOT NULL ORDER BY tool`)
 	if err != nil {
 		return nil, fmt.Errorf("list the ledger's tools: %w", err)

@@ -41,6 +41,7 @@ const (
 // so its cost follows the number of tools, not the ledger's size or rate:
 // Samples is the sample's size, not every completion.
 func ProcessingP99(ctx context.Context, db ledger.DBTX, since time.Duration) ([]ToolLatency, error) {
+	engine.Ensure(ctx, db)
 	if engine.Citus() {
 		return processingP99Citus(ctx, db, since)
 	}

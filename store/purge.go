@@ -259,6 +259,7 @@ func PurgeExpiredBatchBy(ctx context.Context, db Beginner, shape PurgeShape, p P
 	if !ok {
 		panic(fmt.Sprintf("ledger: unknown purge shape %q", shape))
 	}
+	engine.Ensure(ctx, db)
 	if err := shape.Supported(); err != nil {
 		return PurgeBatchResult{}, err
 	}

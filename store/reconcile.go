@@ -85,6 +85,7 @@ func LeaseDue(ctx context.Context, db ledger.DBTX, p LeaseParams) ([]Leased, err
 	if p.Limit <= 0 || p.Owner == "" || p.Lease <= 0 {
 		panic("ledger: LeaseDue needs Limit, Owner and Lease")
 	}
+	engine.Ensure(ctx, db)
 	var keys []string
 	if len(p.Keys) > 0 {
 		keys = p.Keys
@@ -338,6 +339,7 @@ LIMIT $6`
 // now() - olderThan. A loose index scan on the partial index: its cost grows
 // with the number of tools, not of rows.
 func ProcessingTools(ctx context.Context, db ledger.DBTX, olderThan time.Duration) ([]string, error) {
+	engine.Ensure(ctx, db)
 	const q = `
 WITH RECURSIVE t AS (
 	(SELECT tool FROM idempotency_keys WHERE status = 'processing' ORDER BY tool LIMIT 1)
@@ -490,6 +492,7 @@ func DecideMany(ctx context.Context, tx pgx.Tx, ds []Decision) ([]DecideResult, 
 
 // decideMany is the write path both kinds of decision share.
 func decideMany(ctx context.Context, tx pgx.Tx, ds []pending) ([]DecideResult, error) {
+	engine.Ensure(ctx, tx)
 	const read = `SELECT d.i, k.key, k.tool, k.request_hash, k.request_body, k.status, k.response_code, k.response_body,
 		k.created_at, k.claimed_at, k.updated_at, k.expires_at, k.heartbeat_at,
 		coalesce(s.attempts, 0), s.lease_owner,

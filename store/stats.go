@@ -104,6 +104,7 @@ func exactStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolSta
 // processing keys, the other counts every tool's stuck keys against its own
 // windows, passed as arrays.
 func StuckStats(ctx context.Context, db ledger.DBTX, windows Windows) ([]ToolStats, error) {
+	engine.Ensure(ctx, db)
 	out, _, err := stuckStats(ctx, db, windows)
 	return out, err
 }

@@ -19,14 +19,37 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var citus atomic.Bool
+// state is unknown (0), PostgreSQL (1) or Citus (2).
+var state atomic.Int32
 
 // SetCitus makes this process use the Citus shapes (on) or the PostgreSQL
-// ones (off, the default).
-func SetCitus(on bool) { citus.Store(on) }
+// ones (off).
+func SetCitus(on bool) {
+	if on {
+		state.Store(2)
+	} else {
+		state.Store(1)
+	}
+}
 
-// Citus reports whether the Citus shapes are in use.
-func Citus() bool { return citus.Load() }
+// Citus reports whether the Citus shapes are in use (false while the
+// engine is unknown).
+func Citus() bool { return state.Load() == 2 }
+
+// Ensure detects the engine through db when nothing has set it yet: a
+// program that uses the store on a pool of its own, without ledgerkeeper's
+// connect, still gets the statements its database accepts. The store calls
+// it before each statement that has two shapes; after the first answer it
+// costs an atomic load. A failed detection leaves the engine unknown
+// (PostgreSQL's shapes; the statement's own error follows on Citus).
+func Ensure(ctx context.Context, db Querier) {
+	if state.Load() != 0 {
+		return
+	}
+	if c, err := Detect(ctx, db); err == nil {
+		SetCitus(c)
+	}
+}
 
 // Querier is what Detect needs of a connection (a pool, a conn, a tx).
 type Querier interface {
