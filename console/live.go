@@ -23,10 +23,11 @@ const DefaultRefresh = 15 * time.Second
 // keys over the last 24 hours.
 type LiveConfig struct {
 	// ProbePauses returns the tools whose probing a downstream has paused
-	// (HTTP 429 or 503 with Retry-After), each with the pause's end: serve's
-	// reconcile engine (reconcile.Engine.ProbePauses), which keeps them in
-	// process. Nil: no engine here (`ledgerkeeper console`), and the
-	// overview says pauses are known only inside serve.
+	// (HTTP 429 or 503 with Retry-After), each with the pause's end, as
+	// serve's reconcile engine knows them (reconcile.Engine.ProbePauses):
+	// the overview shows these and the ledger's (store.ProbePauses, which
+	// every replica writes and honours), the later end of each. Nil: the
+	// ledger's only (`ledgerkeeper console`).
 	ProbePauses func() map[string]time.Time
 	// Refresh is how often the overview's script fetches its live part;
 	// 0: DefaultRefresh.
@@ -54,10 +55,9 @@ type liveView struct {
 	At        time.Time
 	RefreshMS int64
 	Charts    []stuckChart
-	// PausesKnown: the console runs inside serve, with the engine that
-	// keeps the pauses; Pauses are its paused tools.
-	PausesKnown bool
-	Pauses      map[string]time.Time
+	// Pauses are the paused tools and when each pause ends: the ledger's
+	// (every replica's) and serve's own engine's.
+	Pauses map[string]time.Time
 }
 
 // PauseOf is when tool's probing pause ends, nil when it is not paused
@@ -132,11 +132,21 @@ func (h *Handler) loadLive(ctx context.Context, d *overviewData) error {
 	for _, s := range samples {
 		byTool[s.Tool] = append(byTool[s.Tool], s)
 	}
+	// Pauses are shared through the ledger (every replica honours them,
+	// store.ProbePauses); serve's own engine may know of a later end not
+	// written yet. The later end is shown.
+	v.Pauses, err = store.ProbePauses(ctx, h.cfg.Pool)
+	if err != nil {
+		return err
+	}
+	for tool, until := range v.Pauses {
+		if !until.After(now) {
+			delete(v.Pauses, tool)
+		}
+	}
 	if h.cfg.Live.ProbePauses != nil {
-		v.PausesKnown = true
-		v.Pauses = map[string]time.Time{}
 		for tool, until := range h.cfg.Live.ProbePauses() {
-			if until.After(now) {
+			if until.After(now) && until.After(v.Pauses[tool]) {
 				v.Pauses[tool] = until
 			}
 		}

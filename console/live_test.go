@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // liveNow is the live tests' clock: the chart's day ends here.
@@ -71,11 +73,12 @@ func TestOverviewChartsStuckKeysFromTheSamples(t *testing.T) {
 	wantNotIn(t, resp.Body, "max 9", "style=")
 }
 
-// Inside serve the overview says which tools' probing a downstream paused
-// and until when (an ended pause is not shown; a paused tool without keys
-// gets a line); the standalone console, without the engine, says pauses are
-// known only inside serve.
-func TestOverviewShowsProbePausesOrSaysTheyAreServes(t *testing.T) {
+// The overview says which tools' probing a downstream paused and until
+// when: the ledger's pauses (every replica's) and serve's own engine's,
+// the later end of each (an ended pause is not shown; a paused tool
+// without keys gets a line); the standalone console, without an engine,
+// shows the ledger's.
+func TestOverviewShowsProbePausesOfTheLedgerAndTheEngine(t *testing.T) {
 	calls := 0
 	r := newRig(t, atLiveNow, func(c *Config) {
 		c.Live.ProbePauses = func() map[string]time.Time {
@@ -86,26 +89,32 @@ func TestOverviewShowsProbePausesOrSaysTheyAreServes(t *testing.T) {
 	r.putKey(t, "k-1", "processing", time.Hour)
 	resp := r.get(t, "bob", "/ui/")
 	wantStatus(t, resp, http.StatusOK)
-	row := func(tool string) string {
+	row := func(body, tool string) string {
 		t.Helper()
-		i := strings.Index(resp.Body, `<th scope="row">`+tool+`</th>`)
+		i := strings.Index(body, `<th scope="row">`+tool+`</th>`)
 		if i < 0 {
-			t.Fatalf("no line for %s:\n%s", tool, resp.Body)
+			t.Fatalf("no line for %s:\n%s", tool, body)
 		}
-		return resp.Body[i : i+strings.Index(resp.Body[i:], "</tr>")]
+		return body[i : i+strings.Index(body[i:], "</tr>")]
 	}
-	wantIn(t, row(cTool), "Probing paused until 2026-12-01 12:01:30 UTC: the downstream asked to wait")
-	wantIn(t, row("refund"), "Probing paused until 2026-12-01 13:00:00 UTC")
-	wantNotIn(t, resp.Body, "charge_card", "known only inside serve")
+	wantIn(t, row(resp.Body, cTool), "Probing paused until 2026-12-01 12:01:30 UTC: the downstream asked to wait")
+	wantIn(t, row(resp.Body, "refund"), "Probing paused until 2026-12-01 13:00:00 UTC")
+	wantNotIn(t, resp.Body, "charge_card")
 	if calls != 1 {
 		t.Errorf("ProbePauses called %d times for one page", calls)
 	}
 
-	alone := newRig(t, atLiveNow)
+	// Another replica paused send_email, written to the ledger (by the
+	// database's clock, which the test does not set: a pause of a day).
+	alone := newRig(t)
 	alone.putKey(t, "k-1", "processing", time.Hour)
 	resp = alone.get(t, "bob", "/ui/")
-	wantIn(t, resp.Body, "Probe pauses (a downstream's HTTP 429/503 Retry-After) are known only inside serve")
 	wantNotIn(t, resp.Body, "Probing paused")
+	if err := store.PauseProbing(bg, alone.db.Pool, "send_email", 24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	resp = alone.get(t, "bob", "/ui/")
+	wantIn(t, row(resp.Body, "send_email"), "Probing paused until", "every replica waits")
 }
 
 // The live part alone (what the overview's script fetches) needs the same

@@ -106,6 +106,7 @@ func (t *toolRun) probeKey(ctx context.Context, k *heldKey, leasedAt time.Time) 
 				p.e.logger.Warn("downstream asked to wait: probing paused, no attempt counted", "tool", t.tool,
 					"retry_after", after, "paused_until", until, "err", p.e.cfg.Redactor.String(res.Err.Error()))
 			}
+			t.sharePause(ctx, until)
 			return res, false
 		}
 		if p.e.metrics != nil {

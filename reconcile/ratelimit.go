@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // RateLimit bounds the probes one process sends to a tool's downstream
@@ -42,6 +44,10 @@ type toolLimit struct {
 	mu    sync.Mutex
 	until time.Time // probing paused until then (local monotonic time)
 	since time.Time // when the latest pause began (zero: never paused)
+	// shared is the latest pause end the other replicas know of (written
+	// by this process, or read from the ledger): sharePause writes only a
+	// later one.
+	shared time.Time
 }
 
 func newToolLimit(tool string, rl RateLimit, m *Metrics) *toolLimit {
@@ -119,6 +125,67 @@ func (l *toolLimit) pause(d time.Duration) (until time.Time, started bool) {
 	return l.until, started
 }
 
+// toShare reports whether a pause ending at until is news to the other
+// replicas (it ends over a second after what they were last told), and
+// marks it told; d is how long it has left.
+func (l *toolLimit) toShare(until time.Time) (d time.Duration, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !until.After(l.shared.Add(time.Second)) {
+		return 0, false
+	}
+	l.shared = until
+	return time.Until(until), true
+}
+
+// sharePause tells the other replicas of a pause this process began or
+// lengthened (store.PauseProbing): the downstream answered all of us. A
+// dry run writes nothing; a failed write is logged, this process's own
+// pause holds either way.
+func (t *toolRun) sharePause(ctx context.Context, until time.Time) {
+	p := t.p
+	d, ok := t.limit().toShare(until)
+	if !ok || p.opts.DryRun || d <= 0 {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := store.PauseProbing(wctx, p.e.pool, t.tool, d); err != nil {
+		p.e.logger.Warn("probe pause not shared with the other replicas (this one keeps it)", "tool", t.tool, "err", err)
+	}
+}
+
+// adoptSharedPause pauses the tool's probing in this process when another
+// replica's downstream asked to wait longer than this process knows
+// (store.ProbePausedFor, by the database's clock). A failed read is
+// logged: the tool's own answers still pause it.
+func (t *toolRun) adoptSharedPause(ctx context.Context) {
+	lim := t.limit()
+	if lim == nil {
+		return
+	}
+	p := t.p
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	d, err := store.ProbePausedFor(rctx, p.e.pool, t.tool)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.e.logger.Warn("probe pause of the other replicas not read", "tool", t.tool, "err", err)
+		}
+		return
+	}
+	if d <= lim.pausedFor()+time.Second {
+		return
+	}
+	until, began := lim.pause(d)
+	lim.mu.Lock()
+	lim.shared = until
+	lim.mu.Unlock()
+	if began {
+		p.e.logger.Warn("downstream asked another replica to wait: probing paused here too, no attempt counted", "tool", t.tool, "paused_for", d.Round(time.Second))
+	}
+}
+
 // extendPause is a pause's end after a downstream asks, at now, for d more,
 // the pause having lasted until then so far: the later of the two ends, so
 // that answers overlapping in flight never cut a longer pause short.
@@ -166,6 +233,7 @@ func (t *toolRun) limit() *toolLimit { return t.p.e.limits[t.tool] }
 // pass does not spin.
 func (t *toolRun) awaitPause(ctx context.Context) bool {
 	p := t.p
+	t.adoptSharedPause(ctx)
 	for {
 		// Looped: answers still in flight when the pause began may have
 		// lengthened it meanwhile.

@@ -98,8 +98,8 @@ func Loopback(listen string) bool {
 type ConsoleOption func(*console.Config)
 
 // WithProbePauses gives the console the engine's probe pauses
-// (reconcile.Engine.ProbePauses), shown on the overview; without it the
-// overview says they are known only inside serve.
+// (reconcile.Engine.ProbePauses), shown on the overview with the ledger's
+// (every replica's); without it the overview shows the ledger's only.
 func WithProbePauses(pauses func() map[string]time.Time) ConsoleOption {
 	return func(cc *console.Config) { cc.Live.ProbePauses = pauses }
 }
