@@ -61,7 +61,7 @@ func TestResolveCutByAFailoverIsDoneOnAFreshConnection(t *testing.T) {
 	req := ResolveRequest{Key: "k-op-cut", Mark: MarkRetryable, Reason: "checked downstream", Actor: "operator:alice", Windows: windows,
 		commit: func(tx pgx.Tx, ctx context.Context) error {
 			if tries.Add(1) == 1 {
-				if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, tx.Conn().PgConn().PID()); err != nil {
+				if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, tx.Conn().PgConn().PID()); err != nil {
 					t.Errorf("terminate backend: %v", err)
 				}
 			}

@@ -260,7 +260,7 @@ func TestResolveOfAKeyThatChangesMeanwhile(t *testing.T) {
 	// Resolve read the key as processing (the update is not committed) and
 	// now waits for its row lock.
 	testwait.Eventually(t, func() bool {
-		return db.Count(t, "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'") > 0
+		return db.Count(t, pgtest.LockWaiters()) > 0
 	}, testwait.Timeout, "resolve to wait on the key's row lock")
 	if err := blocker.Commit(ctx); err != nil {
 		t.Fatal(err)
