@@ -12,10 +12,10 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/pgembed"
 )
 
-// Pair is a primary and its streaming standby, for a role flip in which
-// the old primary's sockets stay open: Flip turns the primary read-only
-// (default_transaction_read_only = on, a configuration reload: every open
-// session included) and promotes the standby.
+// Pair is a primary and its synchronous streaming standby, for a role flip
+// in which the old primary's sockets stay open: Flip turns the primary
+// read-only (default_transaction_read_only = on, a configuration reload:
+// every open session included) and promotes the standby.
 type Pair struct {
 	// Ports: the primary's, then the standby's.
 	Ports [2]int
@@ -28,7 +28,9 @@ type Pair struct {
 // StartPair starts a primary (pgembed) and a standby streaming from it
 // (pg_basebackup -R).
 func StartPair(ctx context.Context) (*Pair, error) {
-	primary, err := pgembed.Start(ctx, pgembed.Options{})
+	// synchronous_commit on (pgembed's default is off): a commit waits for
+	// the synchronous standby (see synchronous).
+	primary, err := pgembed.Start(ctx, pgembed.Options{Settings: map[string]string{"synchronous_commit": "on"}})
 	if err != nil {
 		return nil, fmt.Errorf("%w (%s)", err, Install)
 	}
@@ -66,7 +68,35 @@ func StartPair(ctx context.Context) (*Pair, error) {
 		p.Stop()
 		return nil, err
 	}
+	if err := p.synchronous(ctx); err != nil {
+		err = fmt.Errorf("%w: %s", err, p.standby.tail())
+		p.Stop()
+		return nil, err
+	}
 	return p, nil
+}
+
+// synchronous makes the primary acknowledge a commit only once the standby
+// has flushed it (synchronous_standby_names = '*', synchronous_commit on),
+// and waits until the standby is the synchronous one. This is what makes
+// the flip lose no acknowledged write whatever the old primary's sessions
+// do: one that commits after the standby is promoted (a transaction begun
+// before the read-only reload, or a session the reload reached late) waits
+// for an acknowledgement that never comes, and its client is never told
+// it committed. Without it the flip raced such a commit (an acknowledged
+// call's row missing on the new primary).
+func (p *Pair) synchronous(ctx context.Context) error {
+	primary := nodeURL(p.Ports[0], "postgres")
+	if err := query(ctx, primary, "ALTER SYSTEM SET synchronous_standby_names = '*'"); err != nil {
+		return err
+	}
+	if err := query(ctx, primary, "SELECT pg_reload_conf()"); err != nil {
+		return err
+	}
+	return poll(ctx, 50*time.Millisecond, "the standby to replicate synchronously", func() bool {
+		var n int
+		return query(ctx, primary, "SELECT count(*)::int FROM pg_stat_replication WHERE sync_state = 'sync'", &n) == nil && n == 1
+	})
 }
 
 // URL is the pair's URL for database db: both hosts, read-write.
@@ -92,9 +122,10 @@ func (p *Pair) WaitReplayed(ctx context.Context) error {
 }
 
 // Flip turns the primary read-only in place, waits until the standby has
-// replayed all it wrote (no acknowledged write is lost, as with Aurora's
-// shared storage), and promotes the standby. It returns once the standby
-// takes writes.
+// replayed all it wrote, and promotes the standby. No acknowledged write
+// is lost, as with Aurora's shared storage: replication is synchronous
+// (see synchronous), so a commit the old primary takes after the promotion
+// is never acknowledged. It returns once the standby takes writes.
 func (p *Pair) Flip(ctx context.Context) error {
 	old := nodeURL(p.Ports[0], "postgres")
 	if err := query(ctx, old, "ALTER SYSTEM SET default_transaction_read_only = on"); err != nil {
