@@ -249,6 +249,24 @@ func (h *Handler) refuseRun(w http.ResponseWriter, r *http.Request, key string, 
 	h.renderKey(w, r, key, status, why)
 }
 
+// keyToRun reads the key a button runs on; ok is false when it answered
+// the request (404 saying why: none, then what the button would have
+// done).
+func (h *Handler) keyToRun(w http.ResponseWriter, r *http.Request, key, none string) (ledger.Key, bool) {
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	k, err := ledger.Get(ctx, h.cfg.Pool, key)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		h.render(w, r, http.StatusNotFound, "error", "Key", nil, "No key "+strconv.Quote(key)+" in the ledger: "+none)
+		return k, false
+	case err != nil:
+		h.failed(w, r, "reading the key", err)
+		return k, false
+	}
+	return k, true
+}
+
 // probeNow probes the key's downstream as `probe run` does and shows the
 // answer on the key's page. Any signed-in user may: it reads the
 // downstream and writes nothing; one at a time per key, at most one per
@@ -263,15 +281,8 @@ func (h *Handler) probeNow(w http.ResponseWriter, r *http.Request) {
 		h.refuseRun(w, r, f.Key, http.StatusServiceUnavailable, "Probe now is not available here: this console was started without the probes (serve's console and `ledgerkeeper console` have them). Nothing was asked.", 0)
 		return
 	}
-	rctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	k, err := ledger.Get(rctx, h.cfg.Pool, f.Key)
-	cancel()
-	switch {
-	case errors.Is(err, ledger.ErrNotFound):
-		h.render(w, r, http.StatusNotFound, "error", "Key", nil, "No key "+strconv.Quote(f.Key)+" in the ledger: nothing to probe (`ledgerkeeper probe run KEY --tool T` probes a key that is not).")
-		return
-	case err != nil:
-		h.failed(w, r, "reading the key", err)
+	k, ok := h.keyToRun(w, r, f.Key, "nothing to probe (`ledgerkeeper probe run KEY --tool T` probes a key that is not).")
+	if !ok {
 		return
 	}
 	release, refused, wait := h.cfg.Run.gates.probe.enter(f.Key, time.Now())
@@ -325,15 +336,7 @@ func (h *Handler) reconcileNow(w http.ResponseWriter, r *http.Request) {
 		h.refuseRun(w, r, f.Key, http.StatusServiceUnavailable, "Reconcile this key now is not available here: this console was started without the reconciler. Nothing changed.", 0)
 		return
 	}
-	rctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	_, err := ledger.Get(rctx, h.cfg.Pool, f.Key)
-	cancel()
-	switch {
-	case errors.Is(err, ledger.ErrNotFound):
-		h.render(w, r, http.StatusNotFound, "error", "Key", nil, "No key "+strconv.Quote(f.Key)+" in the ledger: nothing to reconcile. Nothing changed.")
-		return
-	case err != nil:
-		h.failed(w, r, "reading the key", err)
+	if _, ok := h.keyToRun(w, r, f.Key, "nothing to reconcile. Nothing changed."); !ok {
 		return
 	}
 	if !f.Confirmed {

@@ -142,6 +142,23 @@ func LeaseDue(ctx context.Context, db ledger.DBTX, p LeaseParams) ([]Leased, err
 	return out, nil
 }
 
+// leaseTakeover is what both lease statements (PostgreSQL's leaseDue and
+// Citus's leaseCandidatesCAS) set on a key's reconcile_state row they
+// take: the lease, and the attempt's bookkeeping kept for the same claim,
+// reset for a new one (a retry claimed the key again).
+const leaseTakeover = `
+	tool = excluded.tool,
+	lease_owner = excluded.lease_owner,
+	lease_expires_at = excluded.lease_expires_at,
+	updated_at = excluded.updated_at,
+	attempts = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.attempts ELSE 0 END,
+	next_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.next_probe_at END,
+	first_not_found_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END,
+	last_verdict = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_verdict END,
+	last_error = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_error END,
+	last_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_probe_at END,
+	claimed_at = excluded.claimed_at`
+
 // leaseDue is LeaseDue's statement: $1-$5 as in duePredicate, $6 limit,
 // $7 owner, $8 lease, $9 claimed from or null.
 var leaseDue = `
@@ -157,18 +174,7 @@ WITH candidates AS (
 ), leased AS (
 	INSERT INTO reconcile_state AS s (key, tool, claimed_at, lease_owner, lease_expires_at, updated_at)
 	SELECT key, tool, claimed_at, $7, now() + $8::interval, now() FROM candidates
-	ON CONFLICT (key) DO UPDATE SET
-		tool = excluded.tool,
-		lease_owner = excluded.lease_owner,
-		lease_expires_at = excluded.lease_expires_at,
-		updated_at = excluded.updated_at,
-		attempts = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.attempts ELSE 0 END,
-		next_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.next_probe_at END,
-		first_not_found_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END,
-		last_verdict = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_verdict END,
-		last_error = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_error END,
-		last_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_probe_at END,
-		claimed_at = excluded.claimed_at
+	ON CONFLICT (key) DO UPDATE SET ` + leaseTakeover + `
 	-- Evaluated on the latest committed row, not the statement's snapshot:
 	-- a lease or back-off written since the snapshot still counts.
 	WHERE s.claimed_at <> excluded.claimed_at OR (
@@ -282,18 +288,7 @@ WHERE k.key = ANY($4::text[])
   AND k.claimed_at <= now() - $2::interval
   AND (k.heartbeat_at IS NULL OR k.heartbeat_at <= now() - $3::interval)
   AND NOT EXISTS (SELECT 1 FROM key_holds h WHERE h.key = k.key)
-ON CONFLICT (key) DO UPDATE SET
-	tool = excluded.tool,
-	lease_owner = excluded.lease_owner,
-	lease_expires_at = excluded.lease_expires_at,
-	updated_at = excluded.updated_at,
-	attempts = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.attempts ELSE 0 END,
-	next_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.next_probe_at END,
-	first_not_found_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.first_not_found_at END,
-	last_verdict = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_verdict END,
-	last_error = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_error END,
-	last_probe_at = CASE WHEN s.claimed_at = excluded.claimed_at THEN s.last_probe_at END,
-	claimed_at = excluded.claimed_at
+ON CONFLICT (key) DO UPDATE SET ` + leaseTakeover + `
 WHERE s.claimed_at <> excluded.claimed_at OR (
       (s.lease_expires_at IS NULL OR s.lease_expires_at <= excluded.updated_at)
       AND ($7::bool OR s.next_probe_at IS NULL OR s.next_probe_at <= excluded.updated_at))
