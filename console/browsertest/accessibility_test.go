@@ -1,6 +1,7 @@
 package browsertest
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,6 +30,25 @@ type axeViolation struct {
 	} `json:"nodes"`
 }
 
+// axeOn runs axe-core's WCAG 2 A/AA rules on the page ctx shows (axe is
+// axeScript's text); every violation is an error naming page.
+func axeOn(t *testing.T, ctx context.Context, axe, page string) {
+	t.Helper()
+	// DevTools evaluation is not the page's script: the console's
+	// Content-Security-Policy still forbids any.
+	get(t, ctx, "load axe on "+page, chromedp.Evaluate[bool](axe+";true"))
+	violations := get(t, ctx, "axe on "+page, chromedp.Evaluate[[]axeViolation](
+		`axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}}).then(r => r.violations)`,
+		chromedp.EvalAwaitPromise))
+	for _, v := range violations {
+		var where []string
+		for _, n := range v.Nodes {
+			where = append(where, strings.Join(n.Target, " "))
+		}
+		t.Errorf("%s: %s (%s): %s at %s", page, v.ID, v.Impact, v.Help, strings.Join(where, ", "))
+	}
+}
+
 // axePages are the pages TestConsolePagesPassAxe opens, after
 // serveConsole's fixture; the tests of each page family add theirs in
 // init.
@@ -40,22 +60,7 @@ func TestConsolePagesPassAxe(t *testing.T) {
 	axe := axeScript(t)
 	_, base := serveConsole(t)
 	alice := browser(t, "alice")
-	check := func(page string) {
-		t.Helper()
-		// DevTools evaluation is not the page's script: the console's
-		// Content-Security-Policy still forbids any.
-		get(t, alice, "load axe on "+page, chromedp.Evaluate[bool](axe+";true"))
-		violations := get(t, alice, "axe on "+page, chromedp.Evaluate[[]axeViolation](
-			`axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}}).then(r => r.violations)`,
-			chromedp.EvalAwaitPromise))
-		for _, v := range violations {
-			var where []string
-			for _, n := range v.Nodes {
-				where = append(where, strings.Join(n.Target, " "))
-			}
-			t.Errorf("%s: %s (%s): %s at %s", page, v.ID, v.Impact, v.Help, strings.Join(where, ", "))
-		}
-	}
+	check := func(page string) { t.Helper(); axeOn(t, alice, axe, page) }
 	for _, p := range axePages {
 		do(t, alice, "open "+p, chromedp.Navigate(base+p), chromedp.WaitVisible(chromedp.CSS("main")))
 		check(p)

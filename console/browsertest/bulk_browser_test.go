@@ -1,7 +1,6 @@
 package browsertest
 
 import (
-	"context"
 	"strings"
 	"testing"
 
@@ -69,7 +68,7 @@ func TestOperatorHoldsTheFilteredKeysInBulkWithATypedConfirmation(t *testing.T) 
 	if n := db.Count(t, `reconcile_audit WHERE key = $1`, key); n != 0 {
 		t.Errorf("the key outside the filter got %d audit rows", n)
 	}
-	axeCheck(t, alice, "the bulk result page")
+	axeOn(t, alice, axeScript(t), "the bulk result page")
 
 	// The same dry run now: nothing left to hold, nothing offered.
 	do(t, alice, "open the dry run again",
@@ -81,22 +80,5 @@ func TestOperatorHoldsTheFilteredKeysInBulkWithATypedConfirmation(t *testing.T) 
 	}
 	if forms := get(t, alice, "forms", chromedp.Nodes(chromedp.CSSAll(confirm), chromedp.AtLeast(0))); len(forms) != 0 {
 		t.Errorf("the dry run of an empty set offers %d form(s)", len(forms))
-	}
-}
-
-// axeCheck runs axe-core's WCAG 2 A/AA rules on the page the browser
-// shows.
-func axeCheck(t *testing.T, ctx context.Context, page string) {
-	t.Helper()
-	get(t, ctx, "load axe on "+page, chromedp.Evaluate[bool](axeScript(t)+";true"))
-	violations := get(t, ctx, "axe on "+page, chromedp.Evaluate[[]axeViolation](
-		`axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}}).then(r => r.violations)`,
-		chromedp.EvalAwaitPromise))
-	for _, v := range violations {
-		var where []string
-		for _, n := range v.Nodes {
-			where = append(where, strings.Join(n.Target, " "))
-		}
-		t.Errorf("%s: %s (%s): %s at %s", page, v.ID, v.Impact, v.Help, strings.Join(where, ", "))
 	}
 }

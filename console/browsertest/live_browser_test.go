@@ -252,20 +252,7 @@ func TestLiveOverviewPassesAxe(t *testing.T) {
 	}
 	db.Exec(t, `INSERT INTO stuck_samples (tool, at, stuck, in_flight) VALUES ('refund', $1, 0, 0)`, now.Add(-3*time.Hour))
 	alice := browser(t, "alice")
-	check := func(what string) {
-		t.Helper()
-		get(t, alice, "load axe", chromedp.Evaluate[bool](axe+";true"))
-		violations := get(t, alice, "axe on "+what, chromedp.Evaluate[[]axeViolation](
-			`axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}}).then(r => r.violations)`,
-			chromedp.EvalAwaitPromise))
-		for _, v := range violations {
-			var where []string
-			for _, n := range v.Nodes {
-				where = append(where, strings.Join(n.Target, " "))
-			}
-			t.Errorf("%s: %s (%s): %s at %s", what, v.ID, v.Impact, v.Help, strings.Join(where, ", "))
-		}
-	}
+	check := func(what string) { t.Helper(); axeOn(t, alice, axe, what) }
 	do(t, alice, "open the overview", chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS("svg.stuck-chart")),
 		chromedp.WaitVisible(chromedp.CSS("#live-pause")))
 	labels := eval[[]string](t, alice, "chart labels", `Array.from(document.querySelectorAll('svg[role="img"]')).map(s => s.getAttribute('aria-label'))`)

@@ -107,22 +107,6 @@ func runConsole(t *testing.T) (*pgtest.DB, string) {
 	return db, srv.URL
 }
 
-// axeOn runs axe-core's WCAG 2 A/AA rules on the page ctx shows.
-func axeOn(t *testing.T, ctx context.Context, axe, page string) {
-	t.Helper()
-	get(t, ctx, "load axe on "+page, chromedp.Evaluate[bool](axe+";true"))
-	violations := get(t, ctx, "axe on "+page, chromedp.Evaluate[[]axeViolation](
-		`axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}}).then(r => r.violations)`,
-		chromedp.EvalAwaitPromise))
-	for _, v := range violations {
-		var where []string
-		for _, n := range v.Nodes {
-			where = append(where, strings.Join(n.Target, " "))
-		}
-		t.Errorf("%s: %s (%s): %s at %s", page, v.ID, v.Impact, v.Help, strings.Join(where, ", "))
-	}
-}
-
 // An operator opens the self-checks, alerts and runs pages with data in
 // them, then probes the stuck key and reconciles it from its page: the
 // probe writes nothing, the pass completes the key as console:alice. Every
