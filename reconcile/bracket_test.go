@@ -445,7 +445,9 @@ func TestDeadDownstreamOpensTheBreakerWithinItsThreshold(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}))
 	e := s.engine(reconcile.Policy{Probe: p, ProbeFingerprint: "v1"},
-		reconcile.Config{Breaker: reconcile.BreakerConfig{Failures: 5, Cooldown: 200 * time.Millisecond, MaxCooldown: 200 * time.Millisecond}})
+		// The cooldown must outlast the "open: nothing sent" pass below even
+		// on a loaded machine (200 ms did not, on Citus in CI).
+		reconcile.Config{Breaker: reconcile.BreakerConfig{Failures: 5, Cooldown: 3 * time.Second, MaxCooldown: 3 * time.Second}})
 	passes := 0
 	for s.db.Count(t, `tool_breakers WHERE opens > 0`) == 0 {
 		if passes++; passes > 6 {
