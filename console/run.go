@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
@@ -778,22 +779,14 @@ func (h *Handler) describeRun(run store.ListedRun) runView {
 			v.Outcome = "stopped (graceful: decisions in flight written)"
 		}
 	case "purge":
-		var s struct {
-			AlreadyRunning    bool  `json:"already_running"`
-			KeysDeleted       int64 `json:"keys_deleted"`
-			Batches           int   `json:"batches"`
-			TimedOut          int   `json:"timed_out_batches"`
-			ExpiredProcessing int64 `json:"expired_processing"`
-			AlertsRaised      int   `json:"alerts_raised"`
-			BudgetExhausted   bool  `json:"budget_exhausted"`
-		}
+		var s expiry.Report // what the purger records
 		if json.Unmarshal(run.Stats, &s) != nil {
 			break
 		}
 		v.Decided = fmt.Sprintf("%d purged", s.KeysDeleted)
 		v.Detail = fmt.Sprintf("%d batch(es)", s.Batches)
-		if s.TimedOut > 0 {
-			v.Detail += fmt.Sprintf(", %d timed out", s.TimedOut)
+		if s.TimedOutBatches > 0 {
+			v.Detail += fmt.Sprintf(", %d timed out", s.TimedOutBatches)
 		}
 		if s.ExpiredProcessing > 0 {
 			v.Detail += fmt.Sprintf(", %d expired processing key(s) kept", s.ExpiredProcessing)
@@ -808,12 +801,7 @@ func (h *Handler) describeRun(run store.ListedRun) runView {
 			v.Outcome = "ran out of retention.max_duration: the next pass carries on"
 		}
 	case "alerts":
-		var s struct {
-			Claimed        int `json:"claimed"`
-			Messages       int `json:"messages"`
-			FailedMessages int `json:"failed_messages"`
-			Pending        int `json:"pending"`
-		}
+		var s alerts.Report // what serve's delivery job records
 		if json.Unmarshal(run.Stats, &s) != nil {
 			break
 		}
