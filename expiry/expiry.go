@@ -10,8 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ledgerkeeper/ledgerkeeper/internal/settings"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
@@ -156,13 +157,13 @@ func (c Config) policy() store.PurgePolicy {
 // lets one work and the others report AlreadyRunning.
 type Purger struct {
 	cfg     Config
-	pool    *pgxpool.Pool
+	pool    store.Pool
 	logger  *slog.Logger
 	metrics *Metrics
 }
 
 // New returns a Purger. logger and metrics may be nil.
-func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, metrics *Metrics) *Purger {
+func New(cfg Config, pool store.Pool, logger *slog.Logger, metrics *Metrics) *Purger {
 	cfg = cfg.withDefaults()
 	cfg.mustValidate()
 	if pool == nil {
@@ -286,16 +287,18 @@ func (p *Purger) RunOnce(ctx context.Context) (Report, error) {
 		rep.Deleted = append(rep.Deleted, TableRows{Table: t})
 	}
 
-	conn, err := p.dedicated(ctx)
+	raw, err := p.dedicated(ctx)
 	if err != nil {
 		return rep, err
 	}
+	// The pass's statements are in the ledger's schema, as the pool's are.
+	conn := ledger.SameSchema(p.pool, raw).(store.Beginner)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		// Closing ends the session: the lock goes with it even if the
 		// explicit unlock below could not be sent.
-		_ = conn.Close(cctx)
+		_ = raw.Close(cctx)
 	}()
 	ok, err := store.TryPurgeLock(ctx, conn)
 	if err != nil {
@@ -358,7 +361,7 @@ func (p *Purger) dedicated(ctx context.Context) (*pgx.Conn, error) {
 
 // pass does the work of RunOnce under the lock and returns the time spent
 // inside batches.
-func (p *Purger) pass(ctx context.Context, conn *pgx.Conn, rep *Report, deadline time.Time) (time.Duration, error) {
+func (p *Purger) pass(ctx context.Context, conn store.Beginner, rep *Report, deadline time.Time) (time.Duration, error) {
 	if err := p.alertExpired(ctx, conn, rep, deadline); err != nil {
 		return 0, err
 	}
@@ -465,7 +468,7 @@ func (p *Purger) paced(ctx context.Context, rep *Report, pc *pacer, deadline tim
 
 // alertExpired counts expired processing keys and raises one alert per key
 // (bounded per pass), each page in the transaction that reads it.
-func (p *Purger) alertExpired(ctx context.Context, conn *pgx.Conn, rep *Report, deadline time.Time) error {
+func (p *Purger) alertExpired(ctx context.Context, conn store.Beginner, rep *Report, deadline time.Time) error {
 	total, held, err := store.CountExpiredProcessing(ctx, conn)
 	if err != nil {
 		return err

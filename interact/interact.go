@@ -10,11 +10,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/slack-go/slack"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // Action is one thing an operator may do from an alert message.
@@ -57,7 +57,7 @@ func (o Operator) may(a Action) bool { return len(o.Actions) == 0 || slices.Cont
 type Config struct {
 	// Pool is the ledger's database: the operator package's writes and the
 	// seen-set. Required.
-	Pool *pgxpool.Pool
+	Pool store.Pool
 	// Slack is the bot-token client: views.open, views.push, chat.update,
 	// chat.postEphemeral, conversations.history. Required.
 	Slack *slack.Client

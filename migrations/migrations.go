@@ -8,13 +8,18 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
+	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 //go:embed *.sql
@@ -34,21 +39,25 @@ type Status struct {
 	Applied bool   `json:"applied"`
 }
 
-func provider(pool *pgxpool.Pool, logger *slog.Logger) (*goose.Provider, *sql.DB, error) {
+func provider(pool *pgxpool.Pool, logger *slog.Logger, schema string) (*goose.Provider, *sql.DB, error) {
 	db := stdlib.OpenDBFromPool(pool)
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(ledger.SchemaLockKey(schema, lockID)))
 	if err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("migration lock: %w", err)
 	}
-	sub, err := fs.Sub(files, ".")
-	if err != nil {
-		db.Close()
-		return nil, nil, err
+	var sub fs.FS = files
+	table := VersionTable
+	if schema != "" {
+		// Each schema keeps its own history, its files' statements
+		// qualified with it (the name passed ledger.CheckSchema: a plain
+		// identifier, as goose's own catalog query needs it).
+		sub = qualifiedFS{files: files, schema: schema}
+		table = schema + "." + VersionTable
 	}
 	opts := []goose.ProviderOption{
 		goose.WithSessionLocker(locker),
-		goose.WithTableName(VersionTable),
+		goose.WithTableName(table),
 		goose.WithDisableGlobalRegistry(true),
 	}
 	if logger != nil {
@@ -78,6 +87,12 @@ type Options struct {
 	// Distributed requires a Citus coordinator: without the citus
 	// extension Apply fails instead of leaving a plain PostgreSQL schema.
 	Distributed bool
+	// Schema is the ledger's schema ("": the tables follow search_path, as
+	// a single-ledger deployment always had them). It is created if
+	// missing, gets its own migration history (SCHEMA.ledgerkeeper_schema_migrations)
+	// and its own migration lock, and every statement of the migrations is
+	// qualified with it.
+	Schema string
 }
 
 // Result is what Apply did.
@@ -101,7 +116,18 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, opts Options) (Result, error
 		return r, errors.New("--distributed: the database has no citus extension; " +
 			"connect to a Citus coordinator (CREATE EXTENSION citus there, and on every worker) or leave --distributed off")
 	}
-	p, db, err := provider(pool, opts.Logger)
+	if opts.Schema != "" {
+		if err := ledger.CheckSchema(opts.Schema); err != nil {
+			return r, err
+		}
+		if citus {
+			return r, fmt.Errorf("schema %s: a ledger in its own schema on a Citus coordinator is not supported yet; keep a distributed ledger in the default schema", opts.Schema)
+		}
+		if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
+			return r, fmt.Errorf("create schema %s: %w", opts.Schema, err)
+		}
+	}
+	p, db, err := provider(pool, opts.Logger, opts.Schema)
 	if err != nil {
 		return r, err
 	}
@@ -130,7 +156,25 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, opts Options) (Result, error
 
 // List reports every known migration and whether it is applied.
 func List(ctx context.Context, pool *pgxpool.Pool) ([]Status, error) {
-	p, db, err := provider(pool, nil)
+	return ListIn(ctx, pool, "")
+}
+
+// ListIn is List for the ledger in schema ("": the default). A schema that
+// does not exist has every migration pending.
+func ListIn(ctx context.Context, pool *pgxpool.Pool, schema string) ([]Status, error) {
+	if schema != "" {
+		if err := ledger.CheckSchema(schema); err != nil {
+			return nil, err
+		}
+		var exists bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists); err != nil {
+			return nil, fmt.Errorf("migration status: %w", err)
+		}
+		if !exists {
+			return pendingAll()
+		}
+	}
+	p, db, err := provider(pool, nil, schema)
 	if err != nil {
 		return nil, err
 	}
@@ -145,3 +189,69 @@ func List(ctx context.Context, pool *pgxpool.Pool) ([]Status, error) {
 	}
 	return out, nil
 }
+
+// pendingAll is every migration, none applied.
+func pendingAll() ([]Status, error) {
+	names, err := fs.Glob(files, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Status, 0, len(names))
+	for _, n := range names {
+		v, err := goose.NumericComponent(n)
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", n, err)
+		}
+		out = append(out, Status{Version: v, Name: n})
+	}
+	return out, nil
+}
+
+// qualifiedFS is the migrations with every ledger table in their
+// statements qualified by schema (ledger.QualifySQL).
+type qualifiedFS struct {
+	files  embed.FS
+	schema string
+}
+
+func (q qualifiedFS) Open(name string) (fs.File, error) {
+	f, err := q.files.Open(name)
+	if err != nil || !strings.HasSuffix(name, ".sql") {
+		return f, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, err
+	}
+	tables := make(map[string]bool, len(ledger.Tables))
+	for _, t := range ledger.Tables {
+		tables[t] = true
+	}
+	text := ledger.QualifySQL(pgx.Identifier{q.schema}.Sanitize()+".", tables, string(b))
+	return &memFile{Reader: strings.NewReader(text), info: info, size: int64(len(text))}, nil
+}
+
+// ReadDir lists the embedded files (goose globs them).
+func (q qualifiedFS) ReadDir(name string) ([]fs.DirEntry, error) { return q.files.ReadDir(name) }
+
+// memFile is a rewritten migration file.
+type memFile struct {
+	*strings.Reader
+	info fs.FileInfo
+	size int64
+}
+
+func (m *memFile) Stat() (fs.FileInfo, error) { return sizedInfo{m.info, m.size}, nil }
+func (m *memFile) Close() error               { return nil }
+
+type sizedInfo struct {
+	fs.FileInfo
+	size int64
+}
+
+func (s sizedInfo) Size() int64 { return s.size }

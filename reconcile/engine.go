@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
@@ -220,7 +219,7 @@ func (c *Config) rules() Rules {
 // also run concurrently in other processes.
 type Engine struct {
 	cfg     Config
-	pool    *pgxpool.Pool
+	pool    store.Pool
 	logger  *slog.Logger
 	metrics *Metrics
 
@@ -237,7 +236,7 @@ type Engine struct {
 }
 
 // New returns an engine. metrics may be nil.
-func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, metrics *Metrics) *Engine {
+func New(cfg Config, pool store.Pool, logger *slog.Logger, metrics *Metrics) *Engine {
 	if cfg.Actor == "" || pool == nil {
 		panic("reconcile: New needs an Actor and a pool")
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
@@ -30,7 +29,7 @@ const (
 // transaction of three statements whatever the page holds (list the page,
 // read its keys' statuses, resolve the settled keys and enqueue their
 // notices).
-func (e *Engine) sweepSettled(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+func (e *Engine) sweepSettled(ctx context.Context, pool store.Pool) (int, error) {
 	e.sweepMu.Lock()
 	defer e.sweepMu.Unlock()
 	resolved, examined := 0, 0

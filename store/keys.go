@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
@@ -20,6 +21,17 @@ var ErrHeld = errors.New("idempotency key is on hold")
 type Beginner interface {
 	ledger.DBTX
 	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Pool is the ledger's database as a long-lived service holds it: a
+// *pgxpool.Pool, or a pool in a ledger's schema (ledger.InSchema over one,
+// every statement qualified). A connection taken out with Acquire is the
+// pool's own, unqualified: use it through ledger.SameSchema(pool, conn).
+type Pool interface {
+	Beginner
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // oneKey reads the first row of a statement that selects ledger.KeyColumns

@@ -26,7 +26,9 @@ import (
 var ErrBatchTimeout = errors.New("purge batch ran past its statement timeout")
 
 // purgeLockID is the session advisory lock held for a whole purge pass: an
-// arbitrary constant ("lkpurge" in ASCII), distinct from the migration lock.
+// arbitrary constant ("lkpurge" in ASCII), distinct from the migration lock;
+// a ledger in a schema mixes the schema into it (ledger.LockKey), so the
+// ledgers of one database purge side by side.
 const purgeLockID int64 = 0x6c6b7075726765
 
 // TryPurgeLock takes the purge lock without waiting and reports whether it
@@ -35,13 +37,13 @@ const purgeLockID int64 = 0x6c6b7075726765
 // purge never leaves the lock behind.
 func TryPurgeLock(ctx context.Context, db ledger.DBTX) (bool, error) {
 	var ok bool
-	err := db.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, purgeLockID).Scan(&ok)
+	err := db.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, ledger.LockKey(db, purgeLockID)).Scan(&ok)
 	return ok, wrap("take purge lock", err)
 }
 
 // ReleasePurgeLock gives the purge lock back, on the connection that took it.
 func ReleasePurgeLock(ctx context.Context, db ledger.DBTX) error {
-	_, err := db.Exec(ctx, `SELECT pg_advisory_unlock($1)`, purgeLockID)
+	_, err := db.Exec(ctx, `SELECT pg_advisory_unlock($1)`, ledger.LockKey(db, purgeLockID))
 	return wrap("release purge lock", err)
 }
 
@@ -54,7 +56,7 @@ func PurgeRunning(ctx context.Context, db ledger.DBTX) (bool, error) {
 	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
 		WHERE locktype = 'advisory' AND granted AND objsubid = 1
 		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid)`, purgeLockID).Scan(&held)
+		  AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid)`, ledger.LockKey(db, purgeLockID)).Scan(&held)
 	return held, wrap("check purge lock", err)
 }
 

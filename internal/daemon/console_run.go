@@ -6,12 +6,11 @@ import (
 	"log/slog"
 	"slices"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/ledgerkeeper/ledgerkeeper/console"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // ConsoleRun is what the console runs for "probe now" and "reconcile this
@@ -20,7 +19,7 @@ import (
 // `probe run` does, never run), and per "reconcile now" an engine built from
 // the configuration as `ledgerkeeper reconcile` builds one, its actor the
 // console user, closed after its one pass.
-func ConsoleRun(c *config.Config, pool *pgxpool.Pool, registry *probes.Registry, eng *reconcile.Engine, logger *slog.Logger) console.RunConfig {
+func ConsoleRun(c *config.Config, pool store.Pool, registry *probes.Registry, eng *reconcile.Engine, logger *slog.Logger) console.RunConfig {
 	tools := c.ToolNames()
 	if registry != nil {
 		tools = append(tools, registry.Tools()...)

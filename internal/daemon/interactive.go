@@ -10,13 +10,13 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/slack-go/slack"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/interact"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // InteractionsPath is where serve's listener takes Slack's interaction
@@ -124,7 +124,7 @@ type Interactivity struct {
 // flight" means per tool (the engine's Windows, as the CLI's resolve
 // uses). The Slack client takes the bot token and alerts.slack.api_url;
 // Socket Mode opens its connections there too.
-func BuildInteractivity(c *config.Config, pool *pgxpool.Pool, windows operator.Windows, logger *slog.Logger) (*Interactivity, error) {
+func BuildInteractivity(c *config.Config, pool store.Pool, windows operator.Windows, logger *slog.Logger) (*Interactivity, error) {
 	s := c.Alerts.Slack
 	if !s.Interactive {
 		return nil, nil

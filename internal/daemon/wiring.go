@@ -12,11 +12,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // BuildProbes builds every configured tool's probe. Probes of type "go"
@@ -189,7 +188,7 @@ func probeFingerprint(p *config.Probe) string {
 }
 
 // BuildEngine builds the reconcile engine and its probes from cfg.
-func BuildEngine(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, registry *probes.Registry, actor string, logger *slog.Logger, metrics *reconcile.Metrics) (*reconcile.Engine, io.Closer, error) {
+func BuildEngine(ctx context.Context, cfg *config.Config, pool store.Pool, registry *probes.Registry, actor string, logger *slog.Logger, metrics *reconcile.Metrics) (*reconcile.Engine, io.Closer, error) {
 	built, closer, err := BuildProbes(ctx, cfg, registry)
 	if err != nil {
 		return nil, nil, err
