@@ -6,9 +6,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
@@ -18,18 +17,24 @@ import (
 // configuration the notifier is alerts.NotConfigured, so alerts stay in the
 // outbox, each pass counts a permanent failure and `ledgerkeeper status`
 // shows "no Slack configured" instead of alerts vanishing silently.
-func newDispatcher(a *app, pool *pgxpool.Pool) (*alerts.Dispatcher, error) {
+func newDispatcher(a *app, pool store.Pool) (*alerts.Dispatcher, error) {
 	return newDispatcherWithMetrics(a, pool, nil, a.logger)
 }
 
 // newDispatcherWithMetrics is newDispatcher with Prometheus series and
 // serve's logger (with its replica), for `serve` (metrics :=
 // alerts.NewMetrics(registry)).
-func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metrics, logger *slog.Logger) (*alerts.Dispatcher, error) {
+func newDispatcherWithMetrics(a *app, pool store.Pool, metrics *alerts.Metrics, logger *slog.Logger) (*alerts.Dispatcher, error) {
 	if err := a.load(); err != nil {
 		return nil, err
 	}
-	s := a.cfg.Alerts.Slack
+	return newDispatcherFor(a.cfg, "", pool, metrics, logger)
+}
+
+// newDispatcherFor is the dispatcher of ledger (named ledger in a process
+// that keeps several; "" for the one ledger) configured by cfg.
+func newDispatcherFor(cfg *config.Config, ledger string, pool store.Pool, metrics *alerts.Metrics, logger *slog.Logger) (*alerts.Dispatcher, error) {
+	s := cfg.Alerts.Slack
 	timeout := s.Timeout.D()
 	notifier, err := alerts.NewSlack(alerts.SlackConfig{
 		WebhookURL: s.WebhookURL.Reveal(),
@@ -37,7 +42,7 @@ func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metric
 		Channel:    s.Channel,
 		APIURL:     s.APIURL,
 		Timeout:    timeout,
-		Redactor:   a.cfg.Redactor(),
+		Redactor:   cfg.Redactor(),
 	})
 	switch {
 	case errors.Is(err, alerts.ErrNoSlack):
@@ -52,12 +57,12 @@ func newDispatcherWithMetrics(a *app, pool *pgxpool.Pool, metrics *alerts.Metric
 	return alerts.New(pool, alerts.Config{
 		Lease:             max(alerts.DefaultLease, 4*notifyTimeout),
 		NotifyTimeout:     notifyTimeout,
-		MaxKeysPerMessage: a.cfg.Alerts.MaxKeysPerMessage,
-		RunbookURL:        a.cfg.Alerts.RunbookURL,
+		MaxKeysPerMessage: cfg.Alerts.MaxKeysPerMessage,
+		RunbookURL:        cfg.Alerts.RunbookURL,
 		// Each key links to its page in the web console.
-		ConsoleURL: a.cfg.Console.PublicURL,
+		ConsoleURL: cfg.Console.PublicURL,
 		// Probe errors in messages lose every configured secret.
-		Redactor: a.cfg.Redactor(),
+		Redactor: cfg.Redactor(),
 		// Buttons only when a transport handles them (Settle refuses
 		// interactive without one).
 		Interactive: s.Interactive,

@@ -24,6 +24,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 const (
@@ -46,7 +47,15 @@ type app struct {
 	configPath  string
 	databaseURL string
 	logLevel    string
+	ledgerName  string
+	// manyLedgers: the command works on every ledger when --ledger is
+	// absent (serve, migrate, status); the others need one.
+	manyLedgers bool
 
+	// all is the whole configuration; cfg is the selected ledger's (all
+	// itself without a ledgers section, or when a command works on every
+	// ledger and none was chosen).
+	all    *config.Config
 	cfg    *config.Config
 	logger *slog.Logger
 	probes *probes.Registry
@@ -89,7 +98,11 @@ func (a *app) load() error {
 	if a.logLevel != "" {
 		cfg.Log.Level = a.logLevel
 	}
-	a.cfg = cfg
+	a.all, a.cfg = cfg, cfg
+	if err := a.selectLedger(); err != nil {
+		a.cfg = nil
+		return err
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(cfg.Log.Level)); err != nil {
 		return usagef("--log-level: %v", err)
@@ -101,6 +114,66 @@ func (a *app) load() error {
 	}
 	a.logger = newLogger(h, cfg.Redactor())
 	return nil
+}
+
+// selectLedger makes a.cfg the ledger of --ledger: required when the
+// configuration has more than one and the command works on one.
+func (a *app) selectLedger() error {
+	all := a.all
+	if a.ledgerName != "" {
+		l, err := all.Ledger(a.ledgerName)
+		if err != nil {
+			return usagef("--ledger: %v", err)
+		}
+		a.cfg = l.Config
+		return nil
+	}
+	if ls := all.Ledgers(); len(ls) == 1 {
+		a.cfg = ls[0].Config
+		return nil
+	}
+	if a.manyLedgers {
+		return nil
+	}
+	return usagef("this configuration keeps %d ledgers (%s): choose one with --ledger NAME", len(all.Ledgers()), strings.Join(all.LedgerNames(), ", "))
+}
+
+// targets are the ledgers the command works on: the selected one, or every
+// ledger when the command may work on all and none was chosen.
+func (a *app) targets() []config.Ledger {
+	if a.cfg != a.all || !a.all.Fleet() {
+		name := a.ledgerLabel()
+		if name == "" {
+			name = config.DefaultLedger
+		}
+		return []config.Ledger{{Name: name, Config: a.cfg}}
+	}
+	return a.all.Ledgers()
+}
+
+// connectLedger connects to l's database, in its schema.
+func connectLedger(ctx context.Context, l config.Ledger) (*ledgerDB, error) {
+	raw := l.Database.URL.Reveal()
+	if raw == "" {
+		return nil, &configError{fmt.Errorf("ledger %s: no database: set its database_url (or database.url at the top level, $%s, or --database-url)", l.Name, envDatabaseURL)}
+	}
+	p, err := connect(ctx, raw, l.Database.MaxConns)
+	if err != nil {
+		return nil, err
+	}
+	return inLedger(p, l.Database.Schema), nil
+}
+
+// ledgerLabel names the selected ledger ("" when the command works on
+// every ledger).
+func (a *app) ledgerLabel() string {
+	if a.ledgerName != "" {
+		return a.ledgerName
+	}
+	if ls := a.all.Ledgers(); len(ls) == 1 {
+		return ls[0].Name
+	}
+	return ""
 }
 
 // allConfigErrors is the file's structural errors and the semantic ones
@@ -155,8 +228,8 @@ func (a *app) redactor() *secret.Redactor {
 	return a.early
 }
 
-// pool connects to the ledger database and checks it answers.
-func (a *app) pool(ctx context.Context) (*pgxpool.Pool, error) {
+// pool connects to the selected ledger's database and checks it answers.
+func (a *app) pool(ctx context.Context) (*ledgerDB, error) {
 	if err := a.load(); err != nil {
 		return nil, err
 	}
@@ -164,8 +237,43 @@ func (a *app) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	if raw == "" {
 		return nil, &configError{fmt.Errorf("no database: set database.url in the configuration, $%s, or --database-url", envDatabaseURL)}
 	}
-	return connect(ctx, raw, a.cfg.Database.MaxConns)
+	p, err := connect(ctx, raw, a.cfg.Database.MaxConns)
+	if err != nil {
+		return nil, err
+	}
+	return inLedger(p, a.cfg.Database.Schema), nil
 }
+
+// ledgerDB is a ledger's database: a pool whose statements are qualified
+// with the ledger's schema (none: they follow search_path).
+type ledgerDB struct {
+	store.Pool
+	raw    *pgxpool.Pool
+	schema string
+}
+
+// inLedger is raw in schema ("": raw itself).
+func inLedger(raw *pgxpool.Pool, schema string) *ledgerDB {
+	d := &ledgerDB{Pool: raw, raw: raw, schema: schema}
+	if schema != "" {
+		// The schema passed ledger.CheckSchema when the configuration
+		// was settled.
+		sd, err := ledger.InSchema(raw, schema)
+		if err != nil {
+			panic(err)
+		}
+		d.Pool = sd
+	}
+	return d
+}
+
+// Close closes the pool.
+func (d *ledgerDB) Close() { d.raw.Close() }
+
+// LedgerSchema is the ledger's schema: a connection taken out of the pool
+// is qualified with it (ledger.SameSchema), and the advisory locks mix it
+// in (ledger.LockKey).
+func (d *ledgerDB) LedgerSchema() string { return d.schema }
 
 // followingPool is pool with the hooks of the ledger.Follower that keeps it
 // on the writable primary (serve watches it: internal/daemon.DatabaseHealth).
@@ -243,21 +351,21 @@ func connectFollowing(ctx context.Context, raw string, maxConns int, opts ledger
 
 // ledgerPool is pool for commands that work on the ledger: it also refuses
 // a database whose schema is not current, with the command that fixes it.
-func (a *app) ledgerPool(ctx context.Context) (*pgxpool.Pool, error) {
+func (a *app) ledgerPool(ctx context.Context) (*ledgerDB, error) {
 	pool, err := a.pool(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSchema(ctx, pool); err != nil {
+	if err := checkSchema(ctx, pool.raw, pool.schema); err != nil {
 		pool.Close()
 		return nil, err
 	}
 	return pool, nil
 }
 
-// checkSchema refuses to work on a database that was never migrated.
-func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	st, err := migrations.List(ctx, pool)
+// checkSchema refuses to work on a ledger that was never migrated.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	st, err := migrations.ListIn(ctx, pool, schema)
 	if err != nil {
 		return err
 	}
@@ -268,7 +376,11 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	if len(pending) > 0 {
-		return fmt.Errorf("the database schema is not up to date (%d migration(s) pending: %v): run 'ledgerkeeper migrate'", len(pending), pending)
+		where := "the database schema is"
+		if schema != "" {
+			where = "the ledger's schema " + schema + " is"
+		}
+		return fmt.Errorf("%s not up to date (%d migration(s) pending: %v): run 'ledgerkeeper migrate'", where, len(pending), pending)
 	}
 	return nil
 }

@@ -47,7 +47,7 @@ SIGTERM or SIGINT stops it.`,
 				return err
 			}
 			defer pool.Close()
-			if err := checkSchema(ctx, pool); err != nil {
+			if err := checkSchema(ctx, pool.raw, pool.schema); err != nil {
 				return err
 			}
 			logger := a.logger.With("component", "console")

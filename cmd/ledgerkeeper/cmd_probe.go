@@ -12,7 +12,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
@@ -258,7 +257,7 @@ func (a *app) probeable(tool string) error {
 
 // probeEngine builds the engine only to reach the probes and the
 // self-check exactly as the reconciler builds them; it is never run.
-func (a *app) probeEngine(ctx context.Context, pool *pgxpool.Pool) (*reconcile.Engine, io.Closer, error) {
+func (a *app) probeEngine(ctx context.Context, pool store.Pool) (*reconcile.Engine, io.Closer, error) {
 	eng, closer, err := daemon.BuildEngine(ctx, a.cfg, pool, a.registry(), actor(""), a.logger, nil)
 	if err != nil {
 		return nil, nil, &configError{err}

@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
@@ -114,7 +113,7 @@ Safe to run while 'serve' replicas run: leases keep each key to one prober.`,
 // (a typo: "Reconciled no due keys" would hide it), with the nearest
 // names; a tool with keys but no configuration is warned about and
 // reconciled (its keys are alerted, never guessed).
-func (a *app) checkTools(ctx context.Context, pool *pgxpool.Pool, tools []string) error {
+func (a *app) checkTools(ctx context.Context, pool store.Pool, tools []string) error {
 	var ledgerTools []string
 	for _, t := range tools {
 		if _, ok := a.cfg.Tools[t]; ok {
@@ -162,7 +161,7 @@ func (a *app) registry() *probes.Registry {
 
 // deliverAlerts runs one dispatcher pass; failures are reported, not fatal:
 // the alerts stay in the outbox.
-func (a *app) deliverAlerts(ctx context.Context, pool *pgxpool.Pool) *alerts.Report {
+func (a *app) deliverAlerts(ctx context.Context, pool store.Pool) *alerts.Report {
 	d, err := newDispatcher(a, pool)
 	if err != nil {
 		a.logger.Error("alert delivery not possible", "err", err)
@@ -173,7 +172,7 @@ func (a *app) deliverAlerts(ctx context.Context, pool *pgxpool.Pool) *alerts.Rep
 	if err != nil {
 		a.logger.Error("alert delivery", "err", err)
 	}
-	recordAlertsRun(ctx, a, pool, actor(""), start, rep, err)
+	recordAlertsRun(ctx, a.logger, pool, actor(""), start, rep, err)
 	return &rep
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
@@ -52,6 +55,7 @@ counted as an attempt); purge and alert delivery stop at once.`,
 					return usagef("--listen: %v", err)
 				}
 			}
+			a.manyLedgers = true
 			if err := a.load(); err != nil {
 				return err
 			}
@@ -61,6 +65,13 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				}
 			}
 			ctx := cmd.Context()
+			if listen != "" {
+				a.cfg.HTTP.Listen = listen
+				a.all.HTTP.Listen = listen
+			}
+			if a.all.Fleet() {
+				return a.serveFleet(ctx, migrate, runAtStart)
+			}
 			replica := daemon.ReplicaID()
 			logger := a.logger.With("replica", replica)
 			reg := prometheus.NewRegistry()
@@ -68,45 +79,31 @@ counted as an attempt); purge and alert delivery stop at once.`,
 			// health logs each failover once, keeps the database series
 			// and answers /readyz's "can the ledger be written now?".
 			health := daemon.NewDatabaseHealth(reg, logger.With("component", "database"))
-			pool, follower, err := a.followingPool(ctx, health.FollowOptions())
+			raw, follower, err := a.followingPool(ctx, health.FollowOptions())
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			health.Watch(pool, follower)
+			defer raw.Close()
+			health.Watch(raw, follower)
+			pool := inLedger(raw, a.cfg.Database.Schema)
 			if migrate {
-				applied, err := migrations.Up(ctx, pool, a.logger)
-				if err != nil {
+				if err := migrateAtStart(ctx, pool, logger, a.logger); err != nil {
 					return err
 				}
-				for _, m := range applied {
-					logger.Info("migration applied", "version", m.Version, "name", m.Name)
-				}
-				if len(applied) == 0 {
-					logger.Info("schema up to date: no migration to apply")
-				}
 			}
-			if err := checkSchema(ctx, pool); err != nil {
+			if err := checkSchema(ctx, raw, pool.schema); err != nil {
 				return fmt.Errorf("%w (or start serve with --migrate)", err)
-			}
-			if listen != "" {
-				a.cfg.HTTP.Listen = listen
 			}
 
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			daemon.RegisterBuildInfo(reg) // ledgerkeeper_build_info: which release runs (ledgerkeeper version)
-			eng, closer, err := daemon.BuildEngine(ctx, a.cfg, pool, a.registry(), replica, logger.With("component", "reconcile"), reconcile.NewMetrics(reg))
-			if err != nil {
-				return &configError{err}
-			}
-			defer closer.Close()
-			purger := expiry.New(daemon.PurgeConfig(a.cfg, replica), pool, logger.With("component", "purge"), expiry.NewMetrics(reg))
-			dispatcher, err := newDispatcherWithMetrics(a, pool, alerts.NewMetrics(reg), logger)
+			lp, err := a.buildLedger(ctx, config.Ledger{Config: a.cfg}, pool, reg, replica, logger)
 			if err != nil {
 				return err
 			}
+			defer lp.closer.Close()
 			// Slack actions (alerts.slack.interactive): nil when off.
-			inter, err := daemon.BuildInteractivity(a.cfg, pool, eng.Windows, logger.With("component", "interact"))
+			inter, err := daemon.BuildInteractivity(a.cfg, pool, lp.eng.Windows, logger.With("component", "interact"))
 			if err != nil {
 				return &configError{err}
 			}
@@ -114,16 +111,12 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				logger.Info("slack actions on", inter.LogAttrs(a.cfg)...)
 			}
 			// The web console at /ui/ (http.console.enabled).
-			routes, err := daemon.ConsoleRoutes(a.cfg, pool, eng.Windows, logger.With("component", "console"), inter.Routes(),
-				daemon.WithProbePauses(eng.ProbePauses),
-				daemon.WithRun(daemon.ConsoleRun(a.cfg, pool, a.registry(), eng, logger.With("component", "console"))))
+			routes, err := daemon.ConsoleRoutes(a.cfg, pool, lp.eng.Windows, logger.With("component", "console"), inter.Routes(),
+				daemon.WithProbePauses(lp.eng.ProbePauses),
+				daemon.WithRun(daemon.ConsoleRun(a.cfg, pool, a.registry(), lp.eng, logger.With("component", "console"))))
 			if err != nil {
 				return &configError{err}
 			}
-			ledgerGauges := daemon.NewLedgerMetrics(reg)
-			ledgerGauges.SetSampleLogger(logger.With("component", "observe"))
-			idleRuns := &idleRecorder{every: idleAlertsRunEvery}
-
 			d, err := daemon.New(daemon.Config{
 				Listen:     a.cfg.HTTP.Listen,
 				Registry:   reg,
@@ -133,35 +126,9 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				Services:   append([]daemon.Service{health}, inter.Services()...),
 				QuietError: health.Quiet,
 				Ready: func(ctx context.Context) error {
-					// Writable, not merely answering: a standby or a
-					// node turned read-only answers SELECT 1.
-					if err := health.Ready(ctx); err != nil {
-						if refusedByServer(err) {
-							// After a password rotation: the reason, not the TLS attempt.
-							return fmt.Errorf("database refused the connection: %s", rootCause(err))
-						}
-						return fmt.Errorf("database unreachable or not writable: %s", rootCause(err))
-					}
-					return checkSchema(ctx, pool)
+					return ledgerReady(ctx, health, raw, pool.schema)
 				},
-				Jobs: []daemon.Job{
-					daemon.ReconcileJob(a.cfg.Schedule.Reconcile, eng, logger.With("component", "reconcile")),
-					{Name: "purge", Spec: a.cfg.Schedule.Purge, Timeout: a.cfg.Retention.MaxDuration + a.cfg.Retention.MaxDuration/2, Run: func(ctx context.Context) error {
-						_, err := purger.RunOnce(ctx)
-						return err
-					}},
-					{Name: "alerts", Spec: a.cfg.Schedule.Alerts, Run: func(ctx context.Context) error {
-						start := time.Now()
-						rep, err := dispatcher.RunOnce(ctx)
-						if idleRuns.due(start, rep.Claimed == 0 && err == nil) {
-							recordAlertsRun(ctx, a, pool, replica, start, rep, err)
-						}
-						return err
-					}},
-					{Name: "observe", Spec: "@every 1m", Run: func(ctx context.Context) error {
-						return ledgerGauges.Update(ctx, pool, eng.Windows, a.cfg.ToolNames())
-					}},
-				},
+				Jobs: lp.jobs,
 			})
 			if err != nil {
 				return &configError{err}
@@ -179,6 +146,92 @@ counted as an attempt); purge and alert delivery stop at once.`,
 	cmd.Flags().BoolVar(&runAtStart, "run-at-start", true, "run every job once at start-up, then on schedule")
 	cmd.Flags().StringVar(&listen, "listen", "", "HTTP listen address (overrides http.listen)")
 	return cmd
+}
+
+// migrateAtStart is serve --migrate for one ledger.
+func migrateAtStart(ctx context.Context, pool *ledgerDB, logger, migrateLogger *slog.Logger) error {
+	r, err := migrations.Apply(ctx, pool.raw, migrations.Options{Logger: migrateLogger, Schema: pool.schema})
+	if err != nil {
+		return err
+	}
+	for _, m := range r.Applied {
+		logger.Info("migration applied", "version", m.Version, "name", m.Name)
+	}
+	if len(r.Applied) == 0 {
+		logger.Info("schema up to date: no migration to apply")
+	}
+	return nil
+}
+
+// ledgerReady is a ledger's /readyz check: its database takes writes (not
+// merely answers: a standby or a node turned read-only answers SELECT 1)
+// and its schema is current.
+func ledgerReady(ctx context.Context, health *daemon.DatabaseHealth, raw *pgxpool.Pool, schema string) error {
+	if err := health.Ready(ctx); err != nil {
+		if refusedByServer(err) {
+			// After a password rotation: the reason, not the TLS attempt.
+			return fmt.Errorf("database refused the connection: %s", rootCause(err))
+		}
+		return fmt.Errorf("database unreachable or not writable: %s", rootCause(err))
+	}
+	return checkSchema(ctx, raw, schema)
+}
+
+// ledgerParts are one ledger's services in serve.
+type ledgerParts struct {
+	eng    *reconcile.Engine
+	closer io.Closer
+	jobs   []daemon.Job
+}
+
+// buildLedger builds l's engine, purger, alert dispatcher and gauges, and
+// their jobs. l.Name is "" for the one ledger of a configuration without a
+// ledgers section: its series and jobs carry no ledger label, as always.
+// Otherwise every series of the ledger carries ledger="NAME" and its log
+// lines the ledger's name.
+func (a *app) buildLedger(ctx context.Context, l config.Ledger, pool *ledgerDB, reg *prometheus.Registry, replica string, logger *slog.Logger) (*ledgerParts, error) {
+	var lreg prometheus.Registerer = reg
+	if l.Name != "" {
+		lreg = prometheus.WrapRegistererWith(prometheus.Labels{"ledger": l.Name}, reg)
+		logger = logger.With("ledger", l.Name)
+	}
+	cfg := l.Config
+	eng, closer, err := daemon.BuildEngine(ctx, cfg, pool, a.registry(), replica, logger.With("component", "reconcile"), reconcile.NewMetrics(lreg))
+	if err != nil {
+		return nil, &configError{err}
+	}
+	purger := expiry.New(daemon.PurgeConfig(cfg, replica), pool, logger.With("component", "purge"), expiry.NewMetrics(lreg))
+	dispatcher, err := newDispatcherFor(cfg, l.Name, pool, alerts.NewMetrics(lreg), logger)
+	if err != nil {
+		closer.Close()
+		return nil, err
+	}
+	ledgerGauges := daemon.NewLedgerMetrics(lreg)
+	ledgerGauges.SetSampleLogger(logger.With("component", "observe"))
+	idleRuns := &idleRecorder{every: idleAlertsRunEvery}
+	reconcileJob := daemon.ReconcileJob(cfg.Schedule.Reconcile, eng, logger.With("component", "reconcile"))
+	jobs := []daemon.Job{
+		reconcileJob,
+		{Name: "purge", Spec: cfg.Schedule.Purge, Timeout: cfg.Retention.MaxDuration + cfg.Retention.MaxDuration/2, Run: func(ctx context.Context) error {
+			_, err := purger.RunOnce(ctx)
+			return err
+		}},
+		{Name: "alerts", Spec: cfg.Schedule.Alerts, Run: func(ctx context.Context) error {
+			start := time.Now()
+			rep, err := dispatcher.RunOnce(ctx)
+			if idleRuns.due(start, rep.Claimed == 0 && err == nil) {
+				recordAlertsRun(ctx, logger, pool, replica, start, rep, err)
+			}
+			return err
+		}},
+		{Name: "observe", Spec: "@every 1m", Run: func(ctx context.Context) error {
+			return ledgerGauges.Update(ctx, pool, eng.Windows, cfg.ToolNames())
+		}},
+	}
+	for i := range jobs {
+		jobs[i].Ledger = l.Name
+	}
+	return &ledgerParts{eng: eng, closer: closer, jobs: jobs}, nil
 }
 
 // checkListen refuses an HTTP listen address net.Listen could never use:
@@ -222,7 +275,7 @@ func (r *idleRecorder) due(now time.Time, idle bool) bool {
 }
 
 // recordAlertsRun notes a delivery pass in ledgerkeeper_runs for `status`.
-func recordAlertsRun(ctx context.Context, a *app, pool *pgxpool.Pool, actor string, start time.Time, rep alerts.Report, err error) {
+func recordAlertsRun(ctx context.Context, logger *slog.Logger, pool store.Pool, actor string, start time.Time, rep alerts.Report, err error) {
 	stats, _ := json.Marshal(rep)
 	run := store.Run{Kind: "alerts", Actor: actor, StartedAt: start, Stats: stats}
 	if err != nil {
@@ -233,6 +286,6 @@ func recordAlertsRun(ctx context.Context, a *app, pool *pgxpool.Pool, actor stri
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if rerr := store.RecordRun(rctx, pool, run); rerr != nil {
-		a.logger.Warn("record alert delivery run", "replica", actor, "err", rerr)
+		logger.Warn("record alert delivery run", "replica", actor, "err", rerr)
 	}
 }

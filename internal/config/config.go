@@ -57,8 +57,15 @@ type Config struct {
 	// lines maps a key path ("reconcile.grace") to its line in File.
 	lines map[string]int
 	// redactor holds every secret value of this configuration (see
-	// Redactor in load.go).
+	// Redactor in load.go); the ledgers' configurations share it.
 	redactor *secret.Redactor
+	// ledgers are the ledgers section's entries (ledgers.go).
+	ledgers []Ledger
+	// In a ledger's configuration: its name, the lines of its entry in
+	// File, and whether it names its own database.
+	ledgerName           string
+	ledgerFrom, ledgerTo int
+	ownURL               bool
 }
 
 // Database says where the ledger lives.
@@ -69,6 +76,11 @@ type Database struct {
 	URLFile string `yaml:"url_file" json:"url_file,omitempty"`
 	// MaxConns bounds the pool. Default: reconcile.concurrency + 4.
 	MaxConns int `yaml:"max_conns" json:"max_conns" min:"0"`
+	// Schema is the PostgreSQL schema the ledger's tables are in, written
+	// into every statement (never left to search_path, so it holds behind
+	// a transaction-mode pooler). Empty: the tables follow search_path,
+	// as they always did. A ledgers.NAME entry sets it with schema.
+	Schema string `yaml:"schema" json:"schema,omitempty"`
 }
 
 // Schedule holds robfig/cron specs for `serve`.
@@ -479,7 +491,16 @@ func (es Errors) Error() string {
 }
 
 func (c *Config) errAt(path, format string, args ...any) *Error {
-	return &Error{File: c.File, Line: c.lineOf(path), Path: path, Msg: fmt.Sprintf(format, args...)}
+	line := c.lineOf(path)
+	shown := path
+	if c.ledgerName != "" {
+		if c.own(line) {
+			shown = c.ledgerPath(path)
+		} else {
+			shown = path + " (as ledger " + c.ledgerName + " inherits it)"
+		}
+	}
+	return &Error{File: c.File, Line: line, Path: shown, Msg: fmt.Sprintf(format, args...)}
 }
 
 // lineOf returns the line of path, or of its nearest ancestor present.

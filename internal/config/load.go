@@ -137,9 +137,13 @@ func ParseAll(file string, data []byte, env LookupEnv) (*Config, error) {
 		return nil, &Error{File: file, Line: yamlErrLine(err), Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
 	}
 	var errs Errors
+	var ledgersNode, top *yaml.Node
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		// The ledgers section is decoded per ledger, each entry over the
+		// rest of the file (ledgers.go).
+		top, ledgersNode = withoutKey(root.Content[0], "ledgers")
 		d := &decoder{file: file, env: env, lines: c.lines, red: c.redactor}
-		d.decode(root.Content[0], reflect.ValueOf(c).Elem(), "")
+		d.decode(top, reflect.ValueOf(c).Elem(), "")
 		errs = append(errs, d.errs...)
 	}
 	if err := c.finish(env); err != nil {
@@ -148,6 +152,10 @@ func ParseAll(file string, data []byte, env LookupEnv) (*Config, error) {
 			return nil, err
 		}
 		errs = append(errs, more...)
+	}
+	if ledgersNode != nil {
+		c.lines["ledgers"] = ledgersNode.Line
+		errs = append(errs, c.decodeLedgers(ledgersNode, top, env)...)
 	}
 	if len(errs) > 0 {
 		errs.SortByLine()
@@ -252,6 +260,7 @@ func (c *Config) SetDatabaseURL(u string) {
 	if u != "" {
 		c.Database.URL = Secret(u)
 		c.Redactor().Register(u)
+		c.setLedgersDatabaseURL(u)
 	}
 }
 

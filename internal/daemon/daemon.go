@@ -16,6 +16,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +37,10 @@ type Job struct {
 	// Run does the work. A returned error is logged and counted; the
 	// schedule goes on.
 	Run func(ctx context.Context) error
+	// Ledger names the ledger the job works on, in a process that keeps
+	// several: its series carry a ledger label and its log lines the
+	// ledger's name. Empty: the one ledger (no label, as always).
+	Ledger string
 	// WindDown: at Stop the run's ctx stays alive for up to
 	// Config.ShutdownTimeout (the grace) and the run learns of the stop
 	// from Stopping(ctx), so it can finish what it started (a reconcile
@@ -63,6 +69,10 @@ type Config struct {
 	Registry *prometheus.Registry
 	// Ready is /readyz's check (database writable, schema current).
 	Ready func(ctx context.Context) error
+	// LedgersReady, in a process that keeps several ledgers, is each
+	// ledger's /readyz check by name (Ready is then not used): the process
+	// is ready while any ledger is, and the body names each ledger's state.
+	LedgersReady map[string]func(ctx context.Context) error
 	// QuietError, when set, names the job errors that get no log line of
 	// their own (they are still counted): those of a database known to be
 	// failing over, whose failover was logged once (DatabaseHealth.Quiet).
@@ -97,7 +107,11 @@ type Daemon struct {
 	cron    *cron.Cron
 	srv     *http.Server
 	ln      net.Listener
+	// metrics are the series of the jobs of no named ledger (registered
+	// only when there are such jobs, or none at all).
 	metrics *jobMetrics
+	// ledgerMetrics are the job series of each named ledger (Job.Ledger).
+	ledgerMetrics map[string]*jobMetrics
 
 	mu     sync.Mutex
 	cancel context.CancelFunc // jobs without WindDown: cancelled at Stop
@@ -109,6 +123,60 @@ type Daemon struct {
 	startRuns   sync.WaitGroup // RunAtStart runs
 	started     bool
 	stopped     bool
+}
+
+// readyLedgers answers /readyz for several ledgers: every ledger checked
+// at once, one line each ("ledger billing: ready", "ledger support: not
+// ready: …"); 200 while any is ready, 503 when none is.
+func (d *Daemon) readyLedgers(ctx context.Context, w http.ResponseWriter) {
+	names := make([]string, 0, len(d.cfg.LedgersReady))
+	for n := range d.cfg.LedgersReady {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Go(func() { errs[i] = d.cfg.LedgersReady[n](ctx) })
+	}
+	wg.Wait()
+	var b strings.Builder
+	ready := 0
+	for i, n := range names {
+		if errs[i] == nil {
+			ready++
+			fmt.Fprintf(&b, "ledger %s: ready\n", n)
+		} else {
+			fmt.Fprintf(&b, "ledger %s: not ready: %v\n", n, errs[i])
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	switch {
+	case ready == 0:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = fmt.Fprintf(w, "not ready: no ledger is ready\n%s", b.String())
+	case ready < len(names):
+		_, _ = fmt.Fprintf(w, "ready: %d of %d ledgers\n%s", ready, len(names), b.String())
+	default:
+		_, _ = fmt.Fprintf(w, "ready\n%s", b.String())
+	}
+}
+
+// metricsOf is the series j counts into.
+func (d *Daemon) metricsOf(j Job) *jobMetrics {
+	if m := d.ledgerMetrics[j.Ledger]; m != nil {
+		return m
+	}
+	return d.metrics
+}
+
+// jobLogger is the logger of j's lines: the job's name, and its ledger's.
+func (d *Daemon) jobLogger(j Job) *slog.Logger {
+	if j.Ledger != "" {
+		return d.cfg.Logger.With("job", j.Name, "ledger", j.Ledger)
+	}
+	return d.cfg.Logger.With("job", j.Name)
 }
 
 // hardStopWait bounds how long Stop waits, after cancelling the jobs still
@@ -129,13 +197,24 @@ func New(cfg Config) (*Daemon, error) {
 	d := &Daemon{
 		cfg:     cfg,
 		cron:    cron.New(cron.WithParser(parser), cron.WithLogger(&cronLogger{log: cfg.Logger})),
-		metrics: newJobMetrics(cfg.Registry),
 	}
 	for _, j := range cfg.Jobs {
 		if _, err := parser.Parse(j.Spec); err != nil {
 			return nil, fmt.Errorf("schedule of %s: bad cron spec %q: %w", j.Name, j.Spec, err)
 		}
-		d.metrics.init(j.Name)
+		switch {
+		case j.Ledger == "" && d.metrics == nil:
+			d.metrics = newJobMetrics(cfg.Registry)
+		case j.Ledger != "" && d.ledgerMetrics[j.Ledger] == nil:
+			if d.ledgerMetrics == nil {
+				d.ledgerMetrics = map[string]*jobMetrics{}
+			}
+			d.ledgerMetrics[j.Ledger] = newJobMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"ledger": j.Ledger}, cfg.Registry))
+		}
+		d.metricsOf(j).init(j.Name)
+	}
+	if d.metrics == nil && len(d.ledgerMetrics) == 0 {
+		d.metrics = newJobMetrics(cfg.Registry)
 	}
 	return d, nil
 }
@@ -175,7 +254,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 		// own skips. SkipIfStillRunning stands outside Recover: a panic is
 		// recovered before it could unwind past SkipIfStillRunning, which
 		// would then never give its run token back and skip the job forever.
-		log := &cronLogger{log: d.cfg.Logger.With("job", j.Name), skipped: d.metrics.skipped.WithLabelValues(j.Name)}
+		log := &cronLogger{log: d.jobLogger(j), skipped: d.metricsOf(j).skipped.WithLabelValues(j.Name)}
 		jobCtx := runCtx
 		if j.WindDown {
 			jobCtx = d.drainCtx
@@ -293,29 +372,29 @@ func (d *Daemon) runJob(ctx context.Context, j Job) {
 	returned := false
 	defer func() {
 		if !returned { // panicking
-			d.metrics.duration.WithLabelValues(j.Name).Observe(time.Since(start).Seconds())
-			d.metrics.runs.WithLabelValues(j.Name, "error").Inc()
+			d.metricsOf(j).duration.WithLabelValues(j.Name).Observe(time.Since(start).Seconds())
+			d.metricsOf(j).runs.WithLabelValues(j.Name, "error").Inc()
 		}
 	}()
 	err := j.Run(ctx)
 	returned = true
-	d.metrics.duration.WithLabelValues(j.Name).Observe(time.Since(start).Seconds())
+	d.metricsOf(j).duration.WithLabelValues(j.Name).Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil && isClosed(Stopping(ctx)):
 		// Stopped gracefully: cut short, not a success.
-		d.metrics.runs.WithLabelValues(j.Name, "cancelled").Inc()
+		d.metricsOf(j).runs.WithLabelValues(j.Name, "cancelled").Inc()
 	case err == nil:
-		d.metrics.runs.WithLabelValues(j.Name, "ok").Inc()
-		d.metrics.lastSuccess.WithLabelValues(j.Name).SetToCurrentTime()
+		d.metricsOf(j).runs.WithLabelValues(j.Name, "ok").Inc()
+		d.metricsOf(j).lastSuccess.WithLabelValues(j.Name).SetToCurrentTime()
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
 		// Shutdown: not an error worth logging.
-		d.metrics.runs.WithLabelValues(j.Name, "cancelled").Inc()
+		d.metricsOf(j).runs.WithLabelValues(j.Name, "cancelled").Inc()
 	case d.cfg.QuietError != nil && d.cfg.QuietError(err):
-		d.metrics.runs.WithLabelValues(j.Name, "error").Inc()
-		d.cfg.Logger.Debug("job failed while the database fails over", "job", j.Name, "err", err)
+		d.metricsOf(j).runs.WithLabelValues(j.Name, "error").Inc()
+		d.jobLogger(j).Debug("job failed while the database fails over", "err", err)
 	default:
-		d.metrics.runs.WithLabelValues(j.Name, "error").Inc()
-		d.cfg.Logger.Error("job failed", "job", j.Name, "err", err)
+		d.metricsOf(j).runs.WithLabelValues(j.Name, "error").Inc()
+		d.jobLogger(j).Error("job failed", "err", err)
 	}
 }
 
@@ -368,9 +447,13 @@ func (d *Daemon) handler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		if len(d.cfg.LedgersReady) > 0 {
+			d.readyLedgers(ctx, w)
+			return
+		}
 		if d.cfg.Ready != nil {
-			ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
-			defer cancel()
 			if err := d.cfg.Ready(ctx); err != nil {
 				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 				return

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"cmp"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -29,7 +31,54 @@ import (
 // connects.
 func Settle(cfg *config.Config) error {
 	applyDefaults(cfg)
-	return validate(cfg)
+	err := validate(cfg)
+	if !cfg.Fleet() {
+		return err
+	}
+	// Each ledger's configuration is settled on its own; its errors name
+	// their keys under ledgers.NAME (or say the ledger inherits them).
+	errs := []error{err}
+	for _, l := range cfg.Ledgers() {
+		applyDefaults(l.Config)
+		errs = append(errs, validate(l.Config))
+	}
+	return joinConfigErrors(errs...)
+}
+
+// joinConfigErrors is the errors' config.Errors in line order, nil when
+// there are none; an error of another type is returned as it is.
+func joinConfigErrors(errs ...error) error {
+	var all config.Errors
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		var ce config.Errors
+		var one *config.Error
+		switch {
+		case errors.As(err, &ce):
+			all = append(all, ce...)
+		case errors.As(err, &one):
+			all = append(all, one)
+		default:
+			return err
+		}
+	}
+	if len(all) == 0 {
+		return nil
+	}
+	// A top-level setting every ledger inherits is reported once.
+	seen := map[string]bool{}
+	kept := all[:0]
+	for _, e := range all {
+		k := fmt.Sprintf("%d\x00%s", e.Line, e.Msg)
+		if !seen[k] {
+			seen[k] = true
+			kept = append(kept, e)
+		}
+	}
+	kept.SortByLine()
+	return kept
 }
 
 // applyDefaults fills the tags' defaults (settings.ApplyDefaults), then

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/pgembed"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
+)
+
+// fleetLedger is one ledger of the fleet test: where its tables are.
+type fleetLedger struct {
+	name, schema string
+	pool         *pgxpool.Pool
+}
+
+func (l fleetLedger) table(name string) string { return pgx.Identifier{l.schema, name}.Sanitize() }
+
+func (l fleetLedger) count(t *testing.T, from string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := l.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+from, args...).Scan(&n); err != nil {
+		t.Fatalf("ledger %s: count %s: %v", l.name, from, err)
+	}
+	return n
+}
+
+func (l fleetLedger) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	if _, err := l.pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("ledger %s: %s: %v", l.name, sql, err)
+	}
+}
+
+// stuck inserts a processing key past its window whose ticket exists, and
+// an expired completed key for the purge.
+func (l fleetLedger) stuck(t *testing.T, rt *router, key string) {
+	t.Helper()
+	l.exec(t, `INSERT INTO `+l.table("idempotency_keys")+` (key, tool, request_hash, created_at, claimed_at, expires_at)
+		VALUES ($1, 'create_ticket', 'h', now() - interval '1 minute', now() - interval '1 minute', now() + interval '1 day')`, key)
+	l.exec(t, `INSERT INTO `+l.table("idempotency_keys")+` (key, tool, request_hash, status, response_code, response_body, created_at, expires_at)
+		VALUES ($1, 'create_ticket', 'h', 'completed', 201, '{}', now() - interval '1 hour', now() - interval '1 minute')`, key+":expired")
+	rt.set(func(rt *router) { rt.tickets[key], rt.tickets[key+":expired"] = true, true })
+}
+
+func (l fleetLedger) status(t *testing.T, key string) string {
+	t.Helper()
+	var s string
+	err := l.pool.QueryRow(context.Background(), `SELECT status FROM `+l.table("idempotency_keys")+` WHERE key = $1`, key).Scan(&s)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return s
+}
+
+// One serve keeps three ledgers: billing and support in two schemas of one
+// database, ops in a schema of a second database on another server. The
+// ledgers' URLs say search_path=nowhere: a statement that left its schema
+// to search_path would fail. migrate migrates all three; serve resolves a
+// stuck key and purges an expired one in each; Slack's messages and the
+// metrics name the ledger. Then the second database's server stops: ops is
+// reported not ready, and billing and support go on being reconciled and
+// purged, the process ready.
+func TestServeKeepsLedgersOfTwoDatabasesIsolated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db1 := pgtest.NewEmpty(t)
+	srv2, err := pgembed.Start(ctx, pgembed.Options{})
+	if err != nil {
+		t.Fatalf("second PostgreSQL server: %v", err)
+	}
+	t.Cleanup(srv2.Stop)
+	admin2, err := pgx.Connect(ctx, srv2.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin2.Exec(ctx, `CREATE DATABASE fleet_two`); err != nil {
+		t.Fatal(err)
+	}
+	admin2.Close(ctx)
+	url1 := db1.URL + "?search_path=nowhere"
+	if strings.Contains(db1.URL, "?") {
+		url1 = db1.URL + "&search_path=nowhere"
+	}
+	url2 := pgembed.WithDatabase(srv2.URL, "fleet_two")
+	url2 += map[bool]string{true: "&", false: "?"}[strings.Contains(url2, "?")] + "search_path=nowhere"
+
+	rt := newRouter(t)
+	slack := newSlackServer(t)
+	addr := freeAddr(t)
+	cfg := writeFile(t, "fleet.yaml", fmt.Sprintf(`schedule:
+  reconcile: "@every 1s"
+  purge: "@every 1s"
+  alerts: "@every 1s"
+reconcile:
+  grace: 1s
+  alert_after_attempts: 1
+retention:
+  min_age: 2s
+alerts:
+  slack:
+    token: xoxb-test-token
+    channel: "#oncall"
+    api_url: "%s/api/"
+http:
+  listen: "%s"
+tools:
+  create_ticket:
+    processing_window: 1s
+    probe:
+      type: http
+      url: "%s/v1/tickets?idempotency_key={key}"
+      match: data
+      response_code: 201
+      self_check:
+        require_witness: false
+ledgers:
+  billing:
+    schema: billing
+  support:
+    schema: support
+  ops:
+    database_url: "%s"
+    schema: ops
+`, slack.srv.URL, addr, rt.srv.URL, url2))
+
+	var out, errb strings.Builder
+	if code := run(ctx, []string{"migrate", "--config", cfg, "--database-url", url1}, &out, &errb); code != 0 {
+		t.Fatalf("migrate exited %d: %s %s", code, out.String(), errb.String())
+	}
+	for _, name := range []string{"billing", "ops", "support"} {
+		if !strings.Contains(out.String(), "ledger "+name+": applied") {
+			t.Errorf("migrate's output does not name ledger %s:\n%s", name, out.String())
+		}
+	}
+	pool2, err := pgxpool.New(ctx, pgembed.WithDatabase(srv2.URL, "fleet_two"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool2.Close)
+	billing := fleetLedger{"billing", "billing", db1.Pool}
+	support := fleetLedger{"support", "support", db1.Pool}
+	ops := fleetLedger{"ops", "ops", pool2}
+	all := []fleetLedger{billing, support, ops}
+	// The same key in every ledger: each is its own.
+	for _, l := range all {
+		l.stuck(t, rt, "wf-1:step-1")
+	}
+	if n := db1.Count(t, `pg_tables WHERE schemaname = 'public'`); n != 0 {
+		t.Fatalf("%d tables in database one's public schema: migrate left its ledgers' schemas", n)
+	}
+
+	ctxServe, cancel := context.WithCancel(ctx)
+	exited := make(chan int, 1)
+	stderr := &syncBuffer{}
+	go func() {
+		exited <- run(ctxServe, []string{"serve", "--config", cfg, "--database-url", url1}, io.Discard, stderr)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := testwait.Recv(t, exited, 40*time.Second); code != 0 {
+			t.Errorf("serve exited %d", code)
+		}
+		if t.Failed() {
+			t.Logf("slack got %q; serve's stderr:\n%s", slack.all(), stderr.String())
+		}
+	})
+	resolvedAndPurged := func(ls []fleetLedger, key string) func() bool {
+		return func() bool {
+			for _, l := range ls {
+				if l.status(t, key) != "completed" || l.count(t, l.table("idempotency_keys")+` WHERE key = $1`, key+":expired") != 0 {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	testwait.Eventually(t, resolvedAndPurged(all, "wf-1:step-1"), 40*time.Second, "the stuck key of every ledger completed and its expired key purged")
+	for _, l := range all {
+		if n := l.count(t, l.table("reconcile_audit")+` WHERE key = 'wf-1:step-1'`); n != 1 {
+			t.Errorf("ledger %s: %d audit rows for its key, want 1", l.name, n)
+		}
+	}
+	metrics := get(t, "http://"+addr+"/metrics")
+	for _, name := range []string{"billing", "support", "ops"} {
+		if want := `ledgerkeeper_reconcile_passes_total{ledger="` + name + `"`; !strings.Contains(metrics, want) {
+			t.Errorf("/metrics has no series with %s", want)
+		}
+	}
+
+	// The second database's server stops.
+	pool2.Close()
+	srv2.Stop()
+	testwait.Eventually(t, func() bool {
+		body, code := getStatus(t, "http://"+addr+"/readyz")
+		return code == http.StatusOK && strings.Contains(body, "ledger ops: not ready") && strings.Contains(body, "ledger billing: ready")
+	}, 30*time.Second, "/readyz to say ops is not ready while the process is")
+	for _, l := range []fleetLedger{billing, support} {
+		l.stuck(t, rt, "wf-2:step-1")
+	}
+	testwait.Eventually(t, resolvedAndPurged([]fleetLedger{billing, support}, "wf-2:step-1"), 40*time.Second,
+		"billing and support reconciled and purged while ops's database is stopped")
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	body, code := getStatus(t, url)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", url, code, body)
+	}
+	return body
+}
+
+func getStatus(t *testing.T, url string) (string, int) {
+	t.Helper()
+	resp, err := http.Get(url) //nolint:noctx // a test's request to its own server
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b), resp.StatusCode
+}
