@@ -33,27 +33,41 @@ and every column response_body maps must be among its result columns. A
 downstream that cannot be reached exits 1.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			a.manyLedgers = true
 			if err := a.load(); err != nil {
 				return err
 			}
-			// Build the probes too (nothing connects): a URL template or a
-			// query the probe would refuse is a configuration error now,
-			// not at the first reconcile pass.
-			_, closer, err := daemon.BuildProbes(cmd.Context(), a.cfg, a.registry())
-			if err != nil {
-				return &configError{err}
-			}
-			closer.Close()
-			// Valid but dangerous settings: said on stderr, so that stdout
-			// stays the effective configuration; they do not change the
-			// exit code.
-			for _, w := range daemon.Warnings(a.cfg) {
-				fmt.Fprintf(a.stderr, "warning: %s\n", a.redactor().String(w))
-			}
 			var connected []string
-			if connect {
-				if connected, err = checkSQLProbes(cmd.Context(), a.cfg); err != nil {
-					return err
+			for _, l := range a.targets() {
+				prefix := ""
+				if a.all.Fleet() {
+					prefix = "ledger " + l.Name + ": "
+				}
+				// Build the probes too (nothing connects): a URL template
+				// or a query the probe would refuse is a configuration
+				// error now, not at the first reconcile pass.
+				_, closer, err := daemon.BuildProbes(cmd.Context(), l.Config, a.registry())
+				if err != nil {
+					if prefix != "" {
+						return &configError{fmt.Errorf("%s%w", prefix, err)}
+					}
+					return &configError{err}
+				}
+				closer.Close()
+				// Valid but dangerous settings: said on stderr, so that
+				// stdout stays the effective configuration; they do not
+				// change the exit code.
+				for _, w := range daemon.Warnings(l.Config) {
+					fmt.Fprintf(a.stderr, "warning: %s%s\n", prefix, a.redactor().String(w))
+				}
+				if connect {
+					got, err := checkSQLProbes(cmd.Context(), l.Config)
+					if err != nil {
+						return err
+					}
+					for _, c := range got {
+						connected = append(connected, prefix+c)
+					}
 				}
 			}
 			if asJSON {
@@ -80,6 +94,12 @@ downstream that cannot be reached exits 1.`,
 			fmt.Fprintf(a.stdout, "# configuration OK: %s\n", src)
 			fmt.Fprintf(a.stdout, "# %s\n", daemon.InteractiveSummary(a.cfg))
 			fmt.Fprintf(a.stdout, "# %s\n", daemon.ConsoleCheckSummary(a.cfg))
+			if a.all.Fleet() {
+				for _, l := range a.targets() {
+					fmt.Fprintf(a.stdout, "# ledger %s: database %s, schema %s, %d tool(s)\n", l.Name,
+						databaseLabel(l.Database.URL.Reveal()), schemaShown(l.Database.Schema), len(l.ToolNames()))
+				}
+			}
 			for _, l := range connected {
 				fmt.Fprintf(a.stdout, "# --connect: %s\n", l)
 			}

@@ -105,77 +105,20 @@ func newStatusCmd(a *app) *cobra.Command {
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			a.manyLedgers = true
+			if err := a.load(); err != nil {
+				return err
+			}
+			if a.all.Fleet() && a.cfg == a.all {
+				return a.fleetStatus(ctx, exact, asJSON)
+			}
 			pool, err := a.ledgerPool(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			st := statusReport{At: time.Now().UTC(), Warnings: []string{}}
-			counts, err := store.StatsWith(ctx, pool, a.windows, store.StatsOptions{Exact: exact})
+			st, err := a.statusOf(ctx, pool, exact)
 			if err != nil {
-				return err
-			}
-			stats := counts.Tools
-			st.Counts = countsStatus{CompletedEstimated: counts.Estimated, Exact: exact, AnalyzedAt: counts.AnalyzedAt, EstimatedKeys: counts.EstimatedKeys}
-			lat, err := store.ProcessingP99(ctx, pool, p99Since)
-			if err != nil {
-				return err
-			}
-			pending, err := alerts.PendingByTool(ctx, pool)
-			if err != nil {
-				return err
-			}
-			p99 := map[string]store.ToolLatency{}
-			for _, l := range lat {
-				p99[l.Tool] = l
-			}
-			for _, s := range stats {
-				pol := a.cfg.Policy(s.Tool)
-				win, _ := a.windows(s.Tool)
-				ts := toolStatus{ToolStats: s, Configured: pol.Configured, HasProbe: pol.Probe != nil, WindowSeconds: win.Seconds(), PendingAlerts: pending[s.Tool]}
-				if l, ok := p99[s.Tool]; ok {
-					ts.P99Seconds, ts.P99Samples = l.P99Seconds, l.Samples
-					if l.Samples >= 20 && l.P99Seconds > pol.ProcessingWindow.Seconds() {
-						st.Warnings = append(st.Warnings, fmt.Sprintf("%s: observed p99 processing time %.1fs exceeds its processing_window %s: live attempts risk being probed; raise tools.%s.processing_window (and the clients' retry deadline above it)",
-							s.Tool, l.P99Seconds, pol.ProcessingWindow, s.Tool))
-					}
-				}
-				if !pol.Configured && s.Stuck > 0 {
-					st.Warnings = append(st.Warnings, fmt.Sprintf("%s: %d stuck key(s) of a tool absent from the configuration: no probe, alerted only", s.Tool, s.Stuck))
-				}
-				st.Tools = append(st.Tools, ts)
-			}
-			if st.Holds, err = store.ListHolds(ctx, pool); err != nil {
-				return err
-			}
-			if st.Breakers, err = reconcile.Breakers(ctx, pool); err != nil {
-				return err
-			}
-			if st.ProbeChecks, err = a.probeChecks(ctx, pool); err != nil {
-				return err
-			}
-			checkOf := map[string]string{}
-			for _, c := range st.ProbeChecks {
-				checkOf[c.Tool] = c.Outcome
-				switch {
-				case c.Disabled:
-				case c.Outcome == reconcile.CheckUntrusted:
-					st.Warnings = append(st.Warnings, fmt.Sprintf("%s: probe untrusted: no key of this tool changes state (self-check %s); see runbook.md#probe_untrusted, then 'ledgerkeeper probe check --tool %s'",
-						c.Tool, c.Summary, c.Tool))
-				case c.Outcome == reconcile.CheckInconclusive:
-					st.Warnings = append(st.Warnings, fmt.Sprintf("%s: probe self-check inconclusive: the downstream did not answer; no key of this tool changes state until it does (%s)", c.Tool, c.Summary))
-				}
-			}
-			for i := range st.Tools {
-				st.Tools[i].ProbeCheck = checkOf[st.Tools[i].Tool]
-			}
-			if st.Alerts, err = alerts.Health(ctx, pool); err != nil {
-				return err
-			}
-			if st.Alerts.Permanent > 0 {
-				st.Warnings = append(st.Warnings, "alert delivery is failing permanently: "+st.Alerts.LastError+" (fix alerts.slack; pending alerts are kept)")
-			}
-			if st.LastRuns, err = store.LastRuns(ctx, pool); err != nil {
 				return err
 			}
 			if asJSON {
@@ -188,6 +131,79 @@ func newStatusCmd(a *app) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON document")
 	cmd.Flags().BoolVar(&exact, "exact", false, "count every completed key instead of estimating them on a large ledger (a scan of the whole table)")
 	return cmd
+}
+
+// statusOf is status's report of the ledger a.cfg configures, on pool.
+func (a *app) statusOf(ctx context.Context, pool *ledgerDB, exact bool) (statusReport, error) {
+	st := statusReport{At: time.Now().UTC(), Warnings: []string{}}
+	counts, err := store.StatsWith(ctx, pool, a.windows, store.StatsOptions{Exact: exact})
+	if err != nil {
+		return st, err
+	}
+	stats := counts.Tools
+	st.Counts = countsStatus{CompletedEstimated: counts.Estimated, Exact: exact, AnalyzedAt: counts.AnalyzedAt, EstimatedKeys: counts.EstimatedKeys}
+	lat, err := store.ProcessingP99(ctx, pool, p99Since)
+	if err != nil {
+		return st, err
+	}
+	pending, err := alerts.PendingByTool(ctx, pool)
+	if err != nil {
+		return st, err
+	}
+	p99 := map[string]store.ToolLatency{}
+	for _, l := range lat {
+		p99[l.Tool] = l
+	}
+	for _, s := range stats {
+		pol := a.cfg.Policy(s.Tool)
+		win, _ := a.windows(s.Tool)
+		ts := toolStatus{ToolStats: s, Configured: pol.Configured, HasProbe: pol.Probe != nil, WindowSeconds: win.Seconds(), PendingAlerts: pending[s.Tool]}
+		if l, ok := p99[s.Tool]; ok {
+			ts.P99Seconds, ts.P99Samples = l.P99Seconds, l.Samples
+			if l.Samples >= 20 && l.P99Seconds > pol.ProcessingWindow.Seconds() {
+				st.Warnings = append(st.Warnings, fmt.Sprintf("%s: observed p99 processing time %.1fs exceeds its processing_window %s: live attempts risk being probed; raise tools.%s.processing_window (and the clients' retry deadline above it)",
+					s.Tool, l.P99Seconds, pol.ProcessingWindow, s.Tool))
+			}
+		}
+		if !pol.Configured && s.Stuck > 0 {
+			st.Warnings = append(st.Warnings, fmt.Sprintf("%s: %d stuck key(s) of a tool absent from the configuration: no probe, alerted only", s.Tool, s.Stuck))
+		}
+		st.Tools = append(st.Tools, ts)
+	}
+	if st.Holds, err = store.ListHolds(ctx, pool); err != nil {
+		return st, err
+	}
+	if st.Breakers, err = reconcile.Breakers(ctx, pool); err != nil {
+		return st, err
+	}
+	if st.ProbeChecks, err = a.probeChecks(ctx, pool); err != nil {
+		return st, err
+	}
+	checkOf := map[string]string{}
+	for _, c := range st.ProbeChecks {
+		checkOf[c.Tool] = c.Outcome
+		switch {
+		case c.Disabled:
+		case c.Outcome == reconcile.CheckUntrusted:
+			st.Warnings = append(st.Warnings, fmt.Sprintf("%s: probe untrusted: no key of this tool changes state (self-check %s); see runbook.md#probe_untrusted, then 'ledgerkeeper probe check --tool %s'",
+				c.Tool, c.Summary, c.Tool))
+		case c.Outcome == reconcile.CheckInconclusive:
+			st.Warnings = append(st.Warnings, fmt.Sprintf("%s: probe self-check inconclusive: the downstream did not answer; no key of this tool changes state until it does (%s)", c.Tool, c.Summary))
+		}
+	}
+	for i := range st.Tools {
+		st.Tools[i].ProbeCheck = checkOf[st.Tools[i].Tool]
+	}
+	if st.Alerts, err = alerts.Health(ctx, pool); err != nil {
+		return st, err
+	}
+	if st.Alerts.Permanent > 0 {
+		st.Warnings = append(st.Warnings, "alert delivery is failing permanently: "+st.Alerts.LastError+" (fix alerts.slack; pending alerts are kept)")
+	}
+	if st.LastRuns, err = store.LastRuns(ctx, pool); err != nil {
+		return st, err
+	}
+	return st, nil
 }
 
 func printStatus(a *app, st statusReport) {

@@ -190,6 +190,15 @@ ledgers:
 			t.Errorf("ledger %s: %d audit rows for its key, want 1", l.name, n)
 		}
 	}
+	var st strings.Builder
+	if code := run(ctx, []string{"status", "--config", cfg, "--database-url", url1}, &st, io.Discard); code != 0 {
+		t.Errorf("status over every ledger exited %d:\n%s", code, st.String())
+	}
+	for _, name := range []string{"billing", "support", "ops"} {
+		if !strings.Contains(st.String(), "\n"+name+" ") {
+			t.Errorf("status over every ledger has no line for %s:\n%s", name, st.String())
+		}
+	}
 	metrics := get(t, "http://"+addr+"/metrics")
 	for _, name := range []string{"billing", "support", "ops"} {
 		if want := `ledgerkeeper_reconcile_passes_total{ledger="` + name + `"`; !strings.Contains(metrics, want) {
@@ -209,6 +218,13 @@ ledgers:
 	}
 	testwait.Eventually(t, resolvedAndPurged([]fleetLedger{billing, support}, "wf-2:step-1"), 40*time.Second,
 		"billing and support reconciled and purged while ops's database is stopped")
+	st.Reset()
+	if code := run(ctx, []string{"status", "--config", cfg, "--database-url", url1}, &st, io.Discard); code != 1 {
+		t.Errorf("status with ops's database stopped exited %d, want 1:\n%s", code, st.String())
+	}
+	if !strings.Contains(st.String(), "unreadable") || !strings.Contains(st.String(), "\nbilling ") {
+		t.Errorf("status with ops's database stopped:\n%s", st.String())
+	}
 }
 
 func get(t *testing.T, url string) string {
@@ -229,4 +245,34 @@ func getStatus(t *testing.T, url string) (string, int) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b), resp.StatusCode
+}
+
+// With several ledgers, a command that works on one refuses to guess: it
+// exits 2 naming the ledgers, or the nearest name on a typo, before it
+// connects anywhere.
+func TestCommandsAskForALedgerWhenThereAreSeveral(t *testing.T) {
+	t.Parallel()
+	cfg := writeFile(t, "fleet.yaml", `database:
+  url: postgres://nobody@127.0.0.1:1/none
+ledgers:
+  billing:
+    schema: billing
+  support:
+    schema: support
+`)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"reconcile", "--config", cfg}, "this configuration keeps 2 ledgers (billing, support): choose one with --ledger NAME"},
+		{[]string{"inspect", "k", "--config", cfg}, "choose one with --ledger NAME"},
+		{[]string{"reconcile", "--config", cfg, "--ledger", "biling"}, `--ledger: no ledger "biling" in the configuration (did you mean "billing"?)`},
+		{[]string{"status", "--config", cfg, "--ledger", "suport"}, `did you mean "support"?`},
+	} {
+		var out, errb strings.Builder
+		code := run(context.Background(), tc.args, &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, errb.String(), tc.want)
+		}
+	}
 }

@@ -15,7 +15,17 @@ import (
 // services' sections (reconcile.Config, expiry.Config) carry only yaml
 // tags: their one name is the file's.
 func (c *Config) MarshalJSON() ([]byte, error) {
-	return json.Marshal(effective(reflect.ValueOf(c).Elem(), true))
+	out := effective(reflect.ValueOf(c).Elem(), true)
+	if m, ok := out.(map[string]any); ok && c.Fleet() {
+		// Each ledger as it runs: the top level's settings with its own
+		// over them.
+		ls := map[string]any{}
+		for _, l := range c.ledgers {
+			ls[l.Name] = effective(reflect.ValueOf(l.Config).Elem(), true)
+		}
+		m["ledgers"] = ls
+	}
+	return json.Marshal(out)
 }
 
 var jsonMarshalerType = reflect.TypeOf((*json.Marshaler)(nil)).Elem()
