@@ -300,6 +300,24 @@ func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, erro
 }
 
 func connectFollowing(ctx context.Context, raw string, maxConns int, opts ledger.FollowOptions) (*pgxpool.Pool, *ledger.Follower, error) {
+	pc, err := poolConfig(raw, maxConns)
+	if err != nil {
+		return nil, nil, err
+	}
+	follower := ledger.FollowPrimary(pc, opts)
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("database at %s: %w", redactURL(raw), err)
+	}
+	if err := reach(ctx, pool); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, follower, nil
+}
+
+// poolConfig parses a ledger database's URL into the pool's settings.
+func poolConfig(raw string, maxConns int) (*pgxpool.Config, error) {
 	pc, err := pgxpool.ParseConfig(raw)
 	if err != nil {
 		// pgx's parse errors may quote the URL: never repeat them.
@@ -309,7 +327,7 @@ func connectFollowing(ctx context.Context, raw string, maxConns int, opts ledger
 		if r := redactURL(raw); r != unshownURL {
 			shown = " " + r
 		}
-		return nil, nil, &configError{fmt.Errorf("the database URL%s (database.url, $%s or --database-url) is not a valid PostgreSQL URL or DSN: expected postgres://USER@HOST:PORT/DBNAME (a password goes after USER and a colon) or host=… dbname=…", shown, envDatabaseURL)}
+		return nil, &configError{fmt.Errorf("the database URL%s (database.url, $%s or --database-url) is not a valid PostgreSQL URL or DSN: expected postgres://USER@HOST:PORT/DBNAME (a password goes after USER and a colon) or host=… dbname=…", shown, envDatabaseURL)}
 	}
 	if maxConns > 0 {
 		pc.MaxConns = int32(maxConns) //nolint:gosec // G115: database.max_conns has no upper bound check yet; a pool beyond int32 connections is not one anyone runs
@@ -322,31 +340,47 @@ func connectFollowing(ctx context.Context, raw string, maxConns int, opts ledger
 	if _, set := pc.ConnConfig.RuntimeParams["jit"]; !set {
 		pc.ConnConfig.RuntimeParams["jit"] = "off"
 	}
+	return pc, nil
+}
+
+// openFollowing is connectFollowing without waiting for the database: the
+// pool connects when first used. For a ledger of a serve that keeps
+// several, whose database may be down when serve starts.
+func openFollowing(ctx context.Context, raw string, maxConns int, opts ledger.FollowOptions) (*pgxpool.Pool, *ledger.Follower, error) {
+	pc, err := poolConfig(raw, maxConns)
+	if err != nil {
+		return nil, nil, err
+	}
 	follower := ledger.FollowPrimary(pc, opts)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("database at %s: %w", redactURL(raw), err)
 	}
+	return pool, follower, nil
+}
+
+// reach checks that pool's database answers, within 10s, and has the
+// store take its Citus shapes when it is a coordinator.
+func reach(ctx context.Context, pool *pgxpool.Pool) error {
+	pc := pool.Config()
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
 		if refusedByServer(err) {
-			return nil, nil, fmt.Errorf("database at %s:%d/%s refused the connection: %s: check the user, password and database name in database.url, $%s or --database-url",
+			return fmt.Errorf("database at %s:%d/%s refused the connection: %s: check the user, password and database name in database.url, $%s or --database-url",
 				pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, rootCause(err), envDatabaseURL)
 		}
-		return nil, nil, fmt.Errorf("cannot reach database at %s:%d/%s (%v): is PostgreSQL running? set database.url, $%s or --database-url",
+		return fmt.Errorf("cannot reach database at %s:%d/%s (%v): is PostgreSQL running? set database.url, $%s or --database-url",
 			pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, rootCause(err), envDatabaseURL)
 	}
 	// On a Citus coordinator the store takes its Citus shapes (package
 	// internal/engine): once per process, from what it is connected to.
 	citus, err := engine.Detect(pctx, pool)
 	if err != nil {
-		pool.Close()
-		return nil, nil, fmt.Errorf("database at %s: %w", redactURL(raw), err)
+		return fmt.Errorf("database at %s:%d/%s: %w", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, err)
 	}
 	engine.SetCitus(citus)
-	return pool, follower, nil
+	return nil
 }
 
 // ledgerPool is pool for commands that work on the ledger: it also refuses

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
 	"net"
 	"net/http"
 	"strings"
@@ -23,15 +26,15 @@ type fleetDatabase struct {
 	label  string // host:port/dbname, never a credential
 	raw    *pgxpool.Pool
 	health *daemon.DatabaseHealth
-	err    error // why it could not be opened at start
 }
 
 // serveFleet is serve over every ledger of the ledgers section. Each ledger
 // runs its own jobs (reconcile, purge, alerts, observe) on its own schema,
-// with its own breakers, self-checks, purge lock and rate limits; a ledger
-// whose database is unreachable at start, or whose schema is behind, is not
-// started and /readyz says why, and the others run. The process is ready
-// while any ledger is.
+// with its own breakers, self-checks, purge lock and rate limits. A ledger
+// whose database is unreachable, or whose schema is behind, waits: its jobs
+// do nothing but check again (each run fails, counted and logged) until the
+// schema is there and current, and /readyz says why; the others run. The
+// process is ready while any ledger is.
 func (a *app) serveFleet(ctx context.Context, migrate, runAtStart bool) error {
 	replica := daemon.ReplicaID()
 	logger := a.logger.With("replica", replica)
@@ -63,51 +66,40 @@ func (a *app) serveFleet(ctx context.Context, migrate, runAtStart bool) error {
 			dbs[url] = db
 			dbReg := prometheus.WrapRegistererWith(prometheus.Labels{"database": db.label}, reg)
 			db.health = daemon.NewDatabaseHealth(dbReg, logger.With("component", "database", "database", db.label))
-			raw, follower, err := connectFollowing(ctx, url, l.Database.MaxConns, db.health.FollowOptions())
+			raw, follower, err := openFollowing(ctx, url, l.Database.MaxConns, db.health.FollowOptions())
 			if err != nil {
-				db.err = err
-				logger.Error("database unreachable at start: its ledgers are not started", "database", db.label, "err", a.redactor().String(rootCause(err)))
-			} else {
-				db.raw = raw
-				db.health.Watch(raw, follower)
-				services = append(services, db.health)
-				quiet = append(quiet, db.health.Quiet)
+				return err // the URL does not parse: a configuration error
+			}
+			db.raw = raw
+			db.health.Watch(raw, follower)
+			services = append(services, db.health)
+			quiet = append(quiet, db.health.Quiet)
+			if err := reach(ctx, raw); err != nil {
+				// Its ledgers start anyway: their jobs fail (counted,
+				// logged) and /readyz says so until it answers.
+				logger.Error("database unreachable at start: its ledgers wait for it", "database", db.label, "err", a.redactor().String(rootCause(err)))
 			}
 		}
 		llog := logger.With("ledger", l.Name)
-		if db.err != nil {
-			err := fmt.Errorf("not started: database %s unreachable at start: %s", db.label, rootCause(db.err))
-			ready[l.Name] = func(context.Context) error { return err }
-			continue
-		}
 		pool := inLedger(db.raw, l.Database.Schema)
-		if migrate {
-			if err := migrateAtStart(ctx, pool, llog, a.logger.With("ledger", l.Name)); err != nil {
-				llog.Error("migrations failed: the ledger is not started", "err", err)
-				err := fmt.Errorf("not started: migrations failed: %w", err)
-				ready[l.Name] = func(context.Context) error { return err }
-				continue
-			}
+		gate := &schemaGate{raw: db.raw, schema: pool.schema, migrate: migrate, logger: llog, migrateLogger: a.logger.With("ledger", l.Name)}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		if err := gate.open(sctx); err != nil {
+			llog.Error("the ledger waits for its schema; the others run", "err", a.redactor().String(err.Error()))
 		}
-		if err := checkSchema(ctx, db.raw, pool.schema); err != nil {
-			llog.Error("the ledger is not started", "err", err)
-			err := fmt.Errorf("not started: %w (or start serve with --migrate)", err)
-			ready[l.Name] = func(context.Context) error { return err }
-			continue
-		}
+		cancel()
 		lp, err := a.buildLedger(ctx, l, pool, reg, replica, logger)
 		if err != nil {
 			return fmt.Errorf("ledger %s: %w", l.Name, err)
 		}
 		defer lp.closer.Close()
-		jobs = append(jobs, lp.jobs...)
+		for _, j := range lp.jobs {
+			jobs = append(jobs, gate.wrap(j))
+		}
 		targets = append(targets, daemon.LedgerTarget{Name: l.Name, Config: l.Config, Pool: pool, Windows: lp.eng.Windows})
 		health, raw, schema := db.health, db.raw, pool.schema
 		ready[l.Name] = func(ctx context.Context) error { return ledgerReady(ctx, health, raw, schema) }
-		llog.Info("ledger started", "database", db.label, "schema", schemaShown(pool.schema), "tools", len(l.ToolNames()))
-	}
-	if len(targets) == 0 {
-		return fmt.Errorf("no ledger could be started (%d configured): see the errors above", len(ready))
+		llog.Info("ledger started", "database", db.label, "schema", schemaShown(pool.schema), "tools", len(l.ToolNames()), "schema_current", gate.ok.Load())
 	}
 	routes, fleetServices, err := a.fleetFrontEnds(targets, logger)
 	if err != nil {
@@ -161,4 +153,53 @@ func databaseLabel(url string) string {
 
 func schemaShown(s string) string {
 	return strings.TrimSpace(map[bool]string{true: "(search_path)", false: s}[s == ""])
+}
+
+// schemaGate holds a ledger's jobs until its schema is there and current:
+// checked (and, with --migrate, migrated) at start and, until then, before
+// each run; once current it stays open (a schema does not go back).
+type schemaGate struct {
+	raw           *pgxpool.Pool
+	schema        string
+	migrate       bool
+	logger        *slog.Logger
+	migrateLogger *slog.Logger
+	mu            sync.Mutex
+	ok            atomic.Bool
+}
+
+// open checks (and migrates) now, and reports why the ledger waits.
+func (g *schemaGate) open(ctx context.Context) error {
+	if g.ok.Load() {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ok.Load() {
+		return nil
+	}
+	if g.migrate {
+		pool := inLedger(g.raw, g.schema)
+		if err := migrateAtStart(ctx, pool, g.logger, g.migrateLogger); err != nil {
+			return fmt.Errorf("ledger waits: migrations failed: %w", err)
+		}
+	}
+	if err := checkSchema(ctx, g.raw, g.schema); err != nil {
+		return fmt.Errorf("ledger waits: %w (or start serve with --migrate)", err)
+	}
+	g.ok.Store(true)
+	g.logger.Info("ledger schema current: its jobs run")
+	return nil
+}
+
+// wrap is j held by the gate.
+func (g *schemaGate) wrap(j daemon.Job) daemon.Job {
+	run := j.Run
+	j.Run = func(ctx context.Context) error {
+		if err := g.open(ctx); err != nil {
+			return err
+		}
+		return run(ctx)
+	}
+	return j
 }

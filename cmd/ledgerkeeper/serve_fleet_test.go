@@ -276,3 +276,96 @@ ledgers:
 		}
 	}
 }
+
+// A ledger whose schema is behind when serve starts (its newest migration
+// unrecorded) waits, said by /readyz: none of its jobs runs, while the
+// other ledger's do; once its migrations are current, the running serve
+// reconciles it without a restart.
+func TestServeHoldsALedgerWhoseSchemaIsBehind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewEmpty(t)
+	rt := newRouter(t)
+	slack := newSlackServer(t)
+	addr := freeAddr(t)
+	cfg := writeFile(t, "fleet.yaml", fmt.Sprintf(`schedule:
+  reconcile: "@every 1s"
+  alerts: "@every 1s"
+reconcile:
+  grace: 1s
+alerts:
+  slack:
+    token: xoxb-test-token
+    channel: "#oncall"
+    api_url: "%s/api/"
+http:
+  listen: "%s"
+tools:
+  create_ticket:
+    processing_window: 1s
+    probe:
+      type: http
+      url: "%s/v1/tickets?idempotency_key={key}"
+      match: data
+      response_code: 201
+      self_check:
+        require_witness: false
+ledgers:
+  current:
+    schema: current
+  behind:
+    schema: behind
+`, slack.srv.URL, addr, rt.srv.URL))
+	var out, errb strings.Builder
+	if code := run(ctx, []string{"migrate", "--config", cfg, "--database-url", db.URL}, &out, &errb); code != 0 {
+		t.Fatalf("migrate exited %d: %s", code, errb.String())
+	}
+	current := fleetLedger{"current", "current", db.Pool}
+	behind := fleetLedger{"behind", "behind", db.Pool}
+	current.stuck(t, rt, "k1")
+	behind.stuck(t, rt, "k1")
+	// The newest migration of behind, as if it had not been applied.
+	var newest int64
+	if err := db.Pool.QueryRow(ctx, `SELECT max(version_id) FROM behind.ledgerkeeper_schema_migrations`).Scan(&newest); err != nil {
+		t.Fatal(err)
+	}
+	behind.exec(t, `DELETE FROM `+behind.table("ledgerkeeper_schema_migrations")+` WHERE version_id = $1`, newest)
+
+	ctxServe, cancel := context.WithCancel(ctx)
+	exited := make(chan int, 1)
+	stderr := &syncBuffer{}
+	go func() {
+		exited <- run(ctxServe, []string{"serve", "--config", cfg, "--database-url", db.URL}, io.Discard, stderr)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := testwait.Recv(t, exited, 40*time.Second); code != 0 {
+			t.Errorf("serve exited %d", code)
+		}
+		if t.Failed() {
+			t.Logf("serve's stderr:\n%s", stderr.String())
+		}
+	})
+	testwait.Eventually(t, func() bool { return current.status(t, "k1") == "completed" }, 30*time.Second, "the current ledger's key completed")
+	runs := current.count(t, current.table("ledgerkeeper_runs")+` WHERE kind = 'reconcile'`)
+	testwait.Eventually(t, func() bool {
+		return current.count(t, current.table("ledgerkeeper_runs")+` WHERE kind = 'reconcile'`) >= runs+3
+	}, 30*time.Second, "three more passes of the current ledger")
+	if s := behind.status(t, "k1"); s != "processing" {
+		t.Fatalf("the key of the ledger whose schema is behind is %s, want processing: its jobs ran", s)
+	}
+	if n := behind.count(t, behind.table("ledgerkeeper_runs")); n != 0 {
+		t.Fatalf("the ledger whose schema is behind recorded %d runs, want 0", n)
+	}
+	body, code := getStatus(t, "http://"+addr+"/readyz")
+	if code != http.StatusOK || !strings.Contains(body, "ledger behind: not ready") || !strings.Contains(body, "ledger current: ready") {
+		t.Fatalf("/readyz %d:\n%s", code, body)
+	}
+	// The migration's record back: the schema is current again.
+	behind.exec(t, `INSERT INTO `+behind.table("ledgerkeeper_schema_migrations")+` (version_id, is_applied) VALUES ($1, true)`, newest)
+	testwait.Eventually(t, func() bool { return behind.status(t, "k1") == "completed" }, 30*time.Second, "the key completed by the running serve once the schema is current")
+	testwait.Eventually(t, func() bool {
+		body, code := getStatus(t, "http://"+addr+"/readyz")
+		return code == http.StatusOK && strings.HasPrefix(body, "ready\n")
+	}, 10*time.Second, "/readyz to say every ledger is ready")
+}
