@@ -1,6 +1,8 @@
 package alerts
 
 import (
+	"fmt"
+	"regexp"
 	"strings"
 	"unicode/utf8"
 
@@ -9,7 +11,8 @@ import (
 
 // The action IDs of the controls on interactive alert messages
 // (Config.Interactive); package interact handles them. A button's value is
-// the key it acts on.
+// the key it acts on: ControlValue, which names the ledger too when the
+// dispatcher has one (Config.Ledger).
 const (
 	ActionIDInspect      = "lk_inspect"
 	ActionIDHold         = "lk_hold"
@@ -17,10 +20,10 @@ const (
 	ActionIDRetryable    = "lk_retryable"
 	ActionIDStoreOutcome = "lk_outcome"
 	// ActionIDMenu is the overflow menu of a key listed in a grouped
-	// message: each option's value is MenuValue(action ID, key).
+	// message: each option's value is MenuValue(action ID, ControlValue).
 	ActionIDMenu = "lk_menu"
 	// ActionIDPick is the key picker of a message listing more keys than
-	// it shows: each option's value is a key.
+	// it shows: each option's value is a ControlValue.
 	ActionIDPick = "lk_pick"
 )
 
@@ -42,12 +45,68 @@ const (
 	maxConfirmText     = 300
 )
 
-// MenuValue is an overflow option's value: the action ID and the key.
-func MenuValue(actionID, key string) string { return actionID + ":" + key }
+// MenuValue is an overflow option's value: the action ID and the
+// control's value (ControlValue: the key, or the ledger and the key).
+func MenuValue(actionID, value string) string { return actionID + ":" + value }
 
 // ParseMenuValue splits a MenuValue.
-func ParseMenuValue(v string) (actionID, key string, ok bool) {
+func ParseMenuValue(v string) (actionID, value string, ok bool) {
 	return strings.Cut(v, ":")
+}
+
+// LedgerSep separates the ledger's name from the key in the value of a
+// control on a message of a named ledger (ControlValue). A ledger's name
+// cannot hold it, so the first one ends the name whatever the key holds.
+const LedgerSep = "|"
+
+// maxKeyBytes is idempotency_keys.key's width (ledger.MaxKeyLength).
+const maxKeyBytes = 128
+
+var ledgerNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+// CheckLedgerName says what is wrong with a ledger's name, or nil: a
+// ledgers section's key, lower-case letters, digits, _ and -, starting with
+// a letter or digit, at most 63 bytes (the configuration's rule).
+func CheckLedgerName(name string) error {
+	if !ledgerNameRE.MatchString(name) {
+		return fmt.Errorf("ledger name %q: use lower-case letters, digits, _ and -, starting with a letter or digit, at most 63 bytes", name)
+	}
+	return nil
+}
+
+// ControlValue is the value of a control acting on key: the key itself
+// when ledger is "" (a process keeping one ledger: the values of every
+// message posted so far), else the ledger's name, LedgerSep and the key,
+// so that one handler serving several ledgers acts on the one the message
+// is about. At most 63+1+128 bytes: far below Slack's 2000 for a button
+// (an overflow option's 150 leave long keys without a menu, as before).
+func ControlValue(ledger, key string) string {
+	if ledger == "" {
+		return key
+	}
+	return ledger + LedgerSep + key
+}
+
+// ParseLedgerValue reads a ControlValue that names a ledger, strictly: a
+// valid ledger name, LedgerSep, and a key of 1 to 128 bytes (the key may
+// hold LedgerSep itself). ok is false for anything else, a bare key
+// included: its ledger is unknown. A handler serving one ledger reads
+// values as bare keys and does not call it.
+func ParseLedgerValue(v string) (ledger, key string, ok bool) {
+	ledger, key, found := strings.Cut(v, LedgerSep)
+	if !found || !ledgerNameRE.MatchString(ledger) || key == "" || len(key) > maxKeyBytes {
+		return "", "", false
+	}
+	return ledger, key, true
+}
+
+// inLedger is " (ledger NAME)" after a key in a plain text, "" without a
+// ledger.
+func inLedger(ledger string) string {
+	if ledger == "" {
+		return ""
+	}
+	return " (ledger " + ledger + ")"
 }
 
 // keyActions are the five actions on one key, in the order on-call meets
@@ -60,57 +119,61 @@ var keyActions = []struct{ id, label string }{
 	{ActionIDStoreOutcome, "Store outcome"},
 }
 
-// KeyActions is the actions block of one key: a button per action, the
-// key as every button's value. Of Hold and Release only the one that
-// applies is shown (held: Release, else Hold). Mark retryable asks for
-// confirmation saying what the retry will do, Release what lifting the
-// hold means. blockID is "" on the alert itself (Slack names the block),
-// or an OriginBlockID elsewhere.
-func KeyActions(key, tool, blockID string, held bool) *slack.ActionBlock {
+// KeyActions is the actions block of one key of ledger ("": the one
+// ledger): a button per action, ControlValue(ledger, key) as every
+// button's value. Of Hold and Release only the one that applies is shown
+// (held: Release, else Hold). Mark retryable asks for confirmation saying
+// what the retry will do, Release what lifting the hold means. blockID is
+// "" on the alert itself (Slack names the block), or an OriginBlockID
+// elsewhere.
+func KeyActions(ledger, key, tool, blockID string, held bool) *slack.ActionBlock {
+	value := ControlValue(ledger, key)
 	els := make([]slack.BlockElement, 0, len(keyActions))
 	for _, a := range keyActions {
 		switch a.id {
 		case ActionIDHold, ActionIDRelease:
 			if (a.id == ActionIDRelease) == held {
-				els = append(els, HoldButton(key, held))
+				els = append(els, HoldButton(ledger, key, held))
 			}
 			continue
 		case ActionIDRetryable:
-			b := slack.NewButtonBlockElement(a.id, key, plain(a.label))
+			b := slack.NewButtonBlockElement(a.id, value, plain(a.label))
 			b.Style = slack.StyleDanger
 			b.Confirm = slack.NewConfirmationBlockObject(
 				plain("Mark retryable?"),
-				plain(safeCutPlain("The next retry of "+key+" will run "+cmpStr(tool, "its tool")+" again: do this only if you checked that the effect never happened downstream. You will be asked for a reason.", maxConfirmText)),
+				plain(safeCutPlain("The next retry of "+key+inLedger(ledger)+" will run "+cmpStr(tool, "its tool")+" again: do this only if you checked that the effect never happened downstream. You will be asked for a reason.", maxConfirmText)),
 				plain("Continue"), plain("Cancel"))
 			els = append(els, b)
 			continue
 		}
-		els = append(els, slack.NewButtonBlockElement(a.id, key, plain(a.label)))
+		els = append(els, slack.NewButtonBlockElement(a.id, value, plain(a.label)))
 	}
 	return slack.NewActionBlock(blockID, els...)
 }
 
-// HoldButton is the button that changes key's hold: Release (with its
-// confirmation) when it is held, Hold otherwise. interact swaps one for
-// the other on the alert message when someone holds or releases the key.
-func HoldButton(key string, held bool) *slack.ButtonBlockElement {
+// HoldButton is the button that changes the hold of key in ledger ("": the
+// one ledger): Release (with its confirmation) when it is held, Hold
+// otherwise. interact swaps one for the other on the alert message when
+// someone holds or releases the key.
+func HoldButton(ledger, key string, held bool) *slack.ButtonBlockElement {
+	value := ControlValue(ledger, key)
 	if !held {
-		return slack.NewButtonBlockElement(ActionIDHold, key, plain("Hold"))
+		return slack.NewButtonBlockElement(ActionIDHold, value, plain("Hold"))
 	}
-	b := slack.NewButtonBlockElement(ActionIDRelease, key, plain("Release"))
+	b := slack.NewButtonBlockElement(ActionIDRelease, value, plain("Release"))
 	b.Confirm = slack.NewConfirmationBlockObject(
 		plain("Release the hold?"),
-		plain(safeCutPlain("The reconciler may probe and decide "+key+" again, and purge may remove it once it expires.", maxConfirmText)),
+		plain(safeCutPlain("The reconciler may probe and decide "+key+inLedger(ledger)+" again, and purge may remove it once it expires.", maxConfirmText)),
 		plain("Release"), plain("Cancel"))
 	return b
 }
 
-// keyMenu is the overflow menu of one key in a grouped message, or nil
-// when the key is too long for an option's value.
-func keyMenu(key string) *slack.OverflowBlockElement {
+// keyMenu is the overflow menu of one key of ledger in a grouped message,
+// or nil when the key is too long for an option's value.
+func keyMenu(ledger, key string) *slack.OverflowBlockElement {
 	opts := make([]*slack.OptionBlockObject, 0, maxOverflowOptions)
 	for _, a := range keyActions[:maxOverflowOptions] {
-		v := MenuValue(a.id, key)
+		v := MenuValue(a.id, ControlValue(ledger, key))
 		if utf8.RuneCountInString(v) > maxOptionValue {
 			return nil
 		}
@@ -119,19 +182,20 @@ func keyMenu(key string) *slack.OverflowBlockElement {
 	return slack.NewOverflowBlockElement(ActionIDMenu, opts...)
 }
 
-// keyPicker is a select of keys the message counts but does not list;
-// picking one answers with that key's actions. Keys too long for an
+// keyPicker is a select of keys of ledger the message counts but does not
+// list; picking one answers with that key's actions. Keys too long for an
 // option's value are left out; nil when none is left.
-func keyPicker(keys []string) *slack.ActionBlock {
+func keyPicker(ledger string, keys []string) *slack.ActionBlock {
 	var opts []*slack.OptionBlockObject
 	for _, k := range keys {
 		if len(opts) == maxSelectOptions {
 			break
 		}
-		if k == "" || utf8.RuneCountInString(k) > maxOptionValue {
+		v := ControlValue(ledger, k)
+		if k == "" || utf8.RuneCountInString(v) > maxOptionValue {
 			continue
 		}
-		opts = append(opts, slack.NewOptionBlockObject(k, plain(safeCutPlain(k, maxOptionText)), nil))
+		opts = append(opts, slack.NewOptionBlockObject(v, plain(safeCutPlain(k, maxOptionText)), nil))
 	}
 	if len(opts) == 0 {
 		return nil

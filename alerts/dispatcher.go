@@ -105,6 +105,15 @@ type Config struct {
 	// wires store.HeldKeys: the alert tables are ours, key_holds is not).
 	// Nil: no key is taken as held. An error draws Hold, logged.
 	Held func(ctx context.Context, keys []string) (map[string]bool, error)
+	// Ledger is the name of the ledger this dispatcher delivers for, in a
+	// process that keeps several (the configuration's ledgers section),
+	// all posting to one Slack channel: every message names it (its
+	// header ends "· ledger NAME", its notification text starts "Ledger
+	// NAME:", its commands carry --ledger NAME), and every control's value
+	// carries it (ControlValue), so that interact acts on this ledger's
+	// database only. It must pass CheckLedgerName. "": the one ledger of a
+	// process that keeps one; messages and values are as they always were.
+	Ledger string
 }
 
 // markHeld sets the hold state of a firing one-key message's key, the one
@@ -150,6 +159,8 @@ func (c Config) mustValidate() {
 		panic("alerts: BackoffMax shorter than BackoffBase")
 	case c.PermanentBackoff < c.PermanentRetry:
 		panic("alerts: PermanentBackoff shorter than PermanentRetry")
+	case c.Ledger != "" && CheckLedgerName(c.Ledger) != nil:
+		panic("alerts: " + CheckLedgerName(c.Ledger).Error())
 	}
 }
 
@@ -191,7 +202,7 @@ func New(pool store.Pool, cfg Config, notifier Notifier, logger *slog.Logger, me
 		notifier: notifier,
 		logger:   logger,
 		metrics:  metrics,
-		render:   newRenderer(cfg.RunbookURL, cfg.MaxKeysPerMessage).withRedactor(cfg.Redactor).withInteractive(cfg.Interactive).withConsole(cfg.ConsoleURL),
+		render:   newRenderer(cfg.RunbookURL, cfg.MaxKeysPerMessage).withRedactor(cfg.Redactor).withInteractive(cfg.Interactive).withConsole(cfg.ConsoleURL).withLedger(cfg.Ledger),
 		sem:      make(chan struct{}, 1),
 	}
 }

@@ -101,6 +101,10 @@ type renderer struct {
 	// consoleURL is where the web console is reached (no trailing /); ""
 	// draws no link to a key's page.
 	consoleURL string
+	// ledger is the name of the ledger the messages are about (valid), ""
+	// for the one ledger of a process that keeps one: the messages then
+	// read exactly as they always did.
+	ledger string
 }
 
 var safeLinkRE = regexp.MustCompile(`^https?://[^\s<>|"` + "`" + `]+$`)
@@ -127,6 +131,26 @@ func (r renderer) withInteractive(on bool) renderer {
 	r.interactive = on
 	return r
 }
+
+// withLedger returns r naming ledger in every message (its header, its
+// notification text and its commands) and in every control's value.
+func (r renderer) withLedger(ledger string) renderer {
+	r.ledger = ledger
+	return r
+}
+
+// ledgerTag is what a header adds after its title: " · ledger NAME" (a
+// plain text: a ledger's name has nothing to escape), "" without one.
+func (r renderer) ledgerTag() string {
+	if r.ledger == "" {
+		return ""
+	}
+	return LedgerTagPrefix + r.ledger
+}
+
+// LedgerTagPrefix starts what the header of a named ledger's message ends
+// with: " · ledger NAME".
+const LedgerTagPrefix = " · ledger "
 
 // withConsole returns r linking each key to its page in the web console
 // at base (console.public_url), kept only if it can sit inside Slack's
@@ -185,10 +209,10 @@ func (r renderer) render(kind Kind, reason Reason, items []item, now time.Time) 
 
 	var header, lead string
 	if kind == KindResolved {
-		header = "✅ Resolved: " + info.title + " (" + count + ")"
+		header = "✅ Resolved: " + info.title + " (" + count + ")" + r.ledgerTag()
 		lead = "*No longer needs a human:* these alerts were resolved (by the reconciler, the original attempt, an operator or purge)."
 	} else {
-		header = "🔴 " + info.title + ": " + count
+		header = "🔴 " + info.title + ": " + count + r.ledgerTag()
 		lead = "*What it means:* " + escape(info.meaning)
 	}
 	lead += "\n*Runbook:* " + r.runbookRef(reason)
@@ -215,24 +239,24 @@ func (r renderer) render(kind Kind, reason Reason, items []item, now time.Time) 
 	for _, it := range listed {
 		sec := section(r.itemText(kind, it, now))
 		if interactive && it.key != "" && len(listed) > 1 {
-			if menu := keyMenu(it.key); menu != nil {
+			if menu := keyMenu(r.ledger, it.key); menu != nil {
 				sec.Accessory = slack.NewAccessory(menu)
 			}
 		}
 		blocks = append(blocks, sec)
 		if interactive && it.key != "" && len(listed) == 1 {
-			blocks = append(blocks, KeyActions(it.key, it.tool, "", it.held))
+			blocks = append(blocks, KeyActions(r.ledger, it.key, it.tool, "", it.held))
 		}
 	}
 	if rest := len(items) - len(listed); rest > 0 {
-		more := fmt.Sprintf("…and %d more (%s in all): list them with `ledgerkeeper status`.", rest, count)
+		more := fmt.Sprintf("…and %d more (%s in all): list them with `%s`.", rest, count, commandLine(r.ledger, "status", ""))
 		blocks = append(blocks, slack.NewContextBlock("", slack.NewTextBlockObject(slack.MarkdownType, more, false, true)))
 		if interactive {
 			var keys []string
 			for _, it := range items[len(listed):] {
 				keys = append(keys, it.key)
 			}
-			if p := keyPicker(keys); p != nil {
+			if p := keyPicker(r.ledger, keys); p != nil {
 				blocks = append(blocks, p)
 			}
 		}
@@ -322,7 +346,7 @@ func (r renderer) itemText(kind Kind, it item, now time.Time) string {
 			b.WriteString("\n*Note:* " + escTrunc(oneLine(d.Note), 250))
 		}
 	}
-	b.WriteString("\n*Inspect:* " + inspectCommand(it))
+	b.WriteString("\n*Inspect:* " + inspectCommandIn(r.ledger, it))
 	switch {
 	case r.consoleURL == "":
 	case it.key != "":
@@ -331,7 +355,7 @@ func (r renderer) itemText(kind Kind, it item, now time.Time) string {
 		b.WriteString(" · " + r.consoleToolRef(it.tool))
 	}
 	if kind == KindFiring {
-		if next := nextCommands(it); next != "" {
+		if next := nextCommandsIn(r.ledger, it); next != "" {
 			b.WriteString("\n*Next:* " + next)
 		}
 	}
@@ -349,29 +373,33 @@ const (
 // nextCommands is the command line(s) that act on one alert, with its real
 // key or tool, every required flag given: one per line, a shell comment
 // saying when to run each.
-func nextCommands(it item) string {
+func nextCommands(it item) string { return nextCommandsIn("", it) }
+
+// nextCommandsIn is nextCommands for a named ledger ("": the one ledger):
+// each command carries --ledger NAME.
+func nextCommandsIn(ledger string, it item) string {
 	completed := []string{"--completed", "--code", codePlaceholder, "--body", bodyPlaceholder}
 	var lines []string
 	switch it.reason {
 	case ReasonDuplicate:
 		lines = []string{
 			"# after undoing the extra effect: the code and body the tool returned for the one that stands",
-			commandLine("resolve", it.key, append(completed, "--reason", shellQuote("extra effect undone downstream"))...),
+			commandLine(ledger, "resolve", it.key, append(completed, "--reason", shellQuote("extra effect undone downstream"))...),
 		}
 	case ReasonDedupWindowPassed, ReasonExpiredProcessing, ReasonNoProbe:
 		lines = []string{
 			"# the effect never happened downstream:",
-			commandLine("resolve", it.key, "--retryable", "--reason", shellQuote("checked downstream: never happened")),
+			commandLine(ledger, "resolve", it.key, "--retryable", "--reason", shellQuote("checked downstream: never happened")),
 			"# it did happen: the code and body the tool returned",
-			commandLine("resolve", it.key, append(completed, "--reason", shellQuote("checked downstream: it happened"))...),
+			commandLine(ledger, "resolve", it.key, append(completed, "--reason", shellQuote("checked downstream: it happened"))...),
 		}
 	case ReasonProbeFailing:
-		lines = []string{commandLine("reconcile", "", "--key="+shellQuote(it.key))}
+		lines = []string{commandLine(ledger, "reconcile", "", "--key="+shellQuote(it.key))}
 	case ReasonDownstreamUnreachable, ReasonProbeUntrusted, ReasonProbeUnwitnessed:
 		if it.tool == "" {
 			return ""
 		}
-		lines = []string{commandLine("probe check", "", "--tool="+shellQuote(it.tool))}
+		lines = []string{commandLine(ledger, "probe check", "", "--tool="+shellQuote(it.tool))}
 	default:
 		return ""
 	}
@@ -385,10 +413,14 @@ func nextCommands(it item) string {
 	return codeBlock(text, 900)
 }
 
-// commandLine is `ledgerkeeper SUB KEY FLAGS…`; a key that looks like a
-// flag goes last, after "--".
-func commandLine(sub, key string, flags ...string) string {
+// commandLine is `ledgerkeeper SUB KEY FLAGS…`, `ledgerkeeper SUB
+// --ledger NAME KEY FLAGS…` for a named ledger (a name is shell-safe); a
+// key that looks like a flag goes last, after "--".
+func commandLine(ledger, sub, key string, flags ...string) string {
 	parts := []string{"ledgerkeeper", sub}
+	if ledger != "" {
+		parts = append(parts, "--ledger", ledger)
+	}
 	switch {
 	case key == "":
 		parts = append(parts, flags...)
@@ -401,11 +433,15 @@ func commandLine(sub, key string, flags ...string) string {
 }
 
 // inspectCommand is the exact command to run, the key shell-quoted.
-func inspectCommand(it item) string {
+func inspectCommand(it item) string { return inspectCommandIn("", it) }
+
+// inspectCommandIn is inspectCommand for a named ledger ("": the one
+// ledger): the command carries --ledger NAME.
+func inspectCommandIn(ledger string, it item) string {
 	if it.key == "" {
-		return codeBlock("ledgerkeeper status", 700)
+		return codeBlock(commandLine(ledger, "status", ""), 700)
 	}
-	cmd := "ledgerkeeper inspect "
+	cmd := commandLine(ledger, "inspect", "") + " "
 	if strings.HasPrefix(it.key, "-") {
 		cmd += "-- " // a key is not a flag
 	}
@@ -423,6 +459,9 @@ func (r renderer) fallback(kind Kind, reason Reason, info reasonInfo, items []it
 		b.WriteString("[RESOLVED] ")
 	} else {
 		b.WriteString("[FIRING] ")
+	}
+	if r.ledger != "" {
+		b.WriteString("Ledger " + inline(r.ledger, 70) + ": ")
 	}
 	b.WriteString(escape(info.title) + ": " + count + ". Runbook: " + r.runbookRef(reason) + ".")
 	names := make([]string, 0, min(len(items), 5))

@@ -29,6 +29,9 @@ const maxKeyRunes = 128
 // where is the alert message an action concerns, and how to answer the
 // user who took it.
 type where struct {
+	// Ledger is the name of the ledger the action acts on ("": the one
+	// ledger of a Handler without Config.Ledgers). Answers name it.
+	Ledger string `json:"l,omitempty"`
 	// Channel and TS name the alert message ("" when unknown).
 	Channel string `json:"c,omitempty"`
 	TS      string `json:"t,omitempty"`
@@ -62,6 +65,14 @@ func whereOf(cb slack.InteractionCallback, act *slack.BlockAction) where {
 	return w
 }
 
+// safeClip cuts s to max characters, for a log line.
+func safeClip(s string, max int) string {
+	if r := []rune(s); len(r) > max {
+		return string(r[:max]) + "…"
+	}
+	return s
+}
+
 func cmpStr(a, b string) string {
 	if a != "" {
 		return a
@@ -74,12 +85,12 @@ func (h *Handler) blockActions(ctx context.Context, cb slack.InteractionCallback
 		return nil
 	}
 	act := cb.ActionCallback.BlockActions[0]
-	id, key := act.ActionID, act.Value
+	id, value := act.ActionID, act.Value
 	switch id {
 	case alerts.ActionIDMenu:
-		id, key, _ = alerts.ParseMenuValue(act.SelectedOption.Value)
+		id, value, _ = alerts.ParseMenuValue(act.SelectedOption.Value)
 	case alerts.ActionIDPick:
-		key = act.SelectedOption.Value
+		value = act.SelectedOption.Value
 	}
 	action, ours := actionOf[id]
 	if !ours && id != alerts.ActionIDPick {
@@ -96,6 +107,15 @@ func (h *Handler) blockActions(ctx context.Context, cb slack.InteractionCallback
 	}
 	w := whereOf(cb, act)
 	user := cb.User.ID
+	b, key, why := h.route(value)
+	if why != "" {
+		// No ledger to act on, nor to audit in: logged, and told.
+		h.log.Warn("slack action refused: its control names no ledger this process keeps",
+			"user", user, "action", act.ActionID, "value", h.red.String(safeClip(value, 200)))
+		h.reply(w, user, why)
+		return nil
+	}
+	w.Ledger = b.name
 	if key == "" || utf8.RuneCountInString(key) > maxKeyRunes {
 		h.reply(w, user, "That control names no key ledgerkeeper can act on: nothing changed.")
 		return nil
@@ -104,18 +124,18 @@ func (h *Handler) blockActions(ctx context.Context, cb slack.InteractionCallback
 		// Choosing a key shows its buttons: as much as Inspect allows.
 		action = ActionInspect
 	}
-	op, ok, err := h.authorize(ctx, w, user, action, key)
+	op, ok, err := h.authorize(ctx, b, w, user, action, key)
 	if !ok || err != nil {
 		return err
 	}
 	if id == alerts.ActionIDPick {
-		return h.pick(ctx, w, user, key)
+		return h.pick(ctx, b, w, user, key)
 	}
 	switch action {
 	case ActionInspect:
-		return h.inspect(ctx, w, user, key)
+		return h.inspect(ctx, b, w, user, key)
 	case ActionRelease:
-		return h.release(ctx, w, user, op, key)
+		return h.release(ctx, b, w, user, op, key)
 	case ActionHold:
 		h.openModal(ctx, cb.TriggerID, w, user, holdModal(key, w))
 		return nil
@@ -124,7 +144,7 @@ func (h *Handler) blockActions(ctx context.Context, cb slack.InteractionCallback
 		// settled since the alert (by the reconciler, the original attempt,
 		// another operator) is told at once. operator.Resolve judges again
 		// at the submission.
-		k, err := ledger.Get(ctx, h.cfg.Pool, key)
+		k, err := ledger.Get(ctx, b.pool, key)
 		switch {
 		case errors.Is(err, ledger.ErrNotFound):
 			h.reply(w, user, explain(operator.ErrNoKey, key))
@@ -151,12 +171,12 @@ func (h *Handler) blockActions(ctx context.Context, cb slack.InteractionCallback
 
 // pick answers a key picked from a message's picker with that key's
 // buttons, which act on the alert message like its own.
-func (h *Handler) pick(ctx context.Context, w where, user, key string) error {
+func (h *Handler) pick(ctx context.Context, b book, w where, user, key string) error {
 	tool := ""
-	if k, err := ledger.Get(ctx, h.cfg.Pool, key); err == nil {
+	if k, err := ledger.Get(ctx, b.pool, key); err == nil {
 		tool = k.Tool
 	}
-	held, err := operator.Held(ctx, h.cfg.Pool, key)
+	held, err := operator.Held(ctx, b.pool, key)
 	if err != nil {
 		h.replyFailed(w, user)
 		return err
@@ -164,12 +184,12 @@ func (h *Handler) pick(ctx context.Context, w where, user, key string) error {
 	text := "Actions on " + alerts.InlineCode(key, 400) + ":"
 	h.reply(w, user, text,
 		slack.NewSectionBlock(slack.NewTextBlockObject(slack.MarkdownType, text, false, true), nil, nil),
-		alerts.KeyActions(key, tool, alerts.OriginBlockID(w.Channel, w.TS), held))
+		alerts.KeyActions(b.name, key, tool, alerts.OriginBlockID(w.Channel, w.TS), held))
 	return nil
 }
 
-func (h *Handler) release(ctx context.Context, w where, user string, op Operator, key string) error {
-	err := operator.Release(ctx, h.cfg.Pool, operator.ReleaseRequest{Key: key, Actor: actor(user), Note: "released " + byline(op)})
+func (h *Handler) release(ctx context.Context, b book, w where, user string, op Operator, key string) error {
+	err := operator.Release(ctx, b.pool, operator.ReleaseRequest{Key: key, Actor: b.actor(user), Note: "released " + byline(op)})
 	if err != nil && !errors.Is(err, operator.ErrNotHeld) {
 		h.replyFailed(w, user)
 		return err
@@ -179,7 +199,7 @@ func (h *Handler) release(ctx context.Context, w where, user string, op Operator
 		return nil
 	}
 	h.reply(w, user, "Released "+alerts.InlineCode(key, 400)+": the reconciler may probe and decide it again, and purge may remove it once expired.")
-	h.annotate(w, fmt.Sprintf("%s released %s at %s", name(op), alerts.InlineCode(key, 300), h.clock()), change{key: key, held: false})
+	h.annotate(w, fmt.Sprintf("%s released %s at %s", name(op), alerts.InlineCode(key, 300), h.clock()), change{ledger: b.name, key: key, held: false})
 	return nil
 }
 

@@ -23,8 +23,8 @@ const maxSection = 2900
 // inspect answers user alone with what `ledgerkeeper inspect` shows:
 // the row, the reconcile state of the current claim, the hold, open alerts
 // and the last decisions, judged by the database's clock.
-func (h *Handler) inspect(ctx context.Context, w where, user, key string) error {
-	in, err := operator.Inspect(ctx, h.cfg.Pool, operator.InspectRequest{Key: key, HistoryLimit: inspectHistory, Windows: h.cfg.Windows})
+func (h *Handler) inspect(ctx context.Context, b book, w where, user, key string) error {
+	in, err := operator.Inspect(ctx, b.pool, operator.InspectRequest{Key: key, HistoryLimit: inspectHistory, Windows: b.windows})
 	if errors.Is(err, operator.ErrNoKey) {
 		h.reply(w, user, explain(err, key))
 		return nil

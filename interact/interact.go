@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/slack-go/slack"
 
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
 	"github.com/ledgerkeeper/ledgerkeeper/store"
@@ -56,8 +59,17 @@ func (o Operator) may(a Action) bool { return len(o.Actions) == 0 || slices.Cont
 // Config is what a Handler needs.
 type Config struct {
 	// Pool is the ledger's database: the operator package's writes and the
-	// seen-set. Required.
+	// seen-set. Required without Ledgers; with Ledgers it holds the
+	// seen-set only (nil: the pool of the first ledger by name).
 	Pool store.Pool
+	// Ledgers, when set, are the ledgers of a process that keeps several,
+	// by name (each one's alerts.Config.Ledger): every control's value
+	// then names its ledger (alerts.ControlValue), and an action acts on
+	// that ledger's Pool with its Windows, and on no other. A value naming
+	// a ledger not in Ledgers, or naming none, changes nothing: the user
+	// is told and the attempt is logged. Pool (but for the seen-set) and
+	// Windows are then unused.
+	Ledgers map[string]Ledger
 	// Slack is the bot-token client: views.open, views.push, chat.update,
 	// chat.postEphemeral, conversations.history. Required.
 	Slack *slack.Client
@@ -102,6 +114,24 @@ type Config struct {
 	StopGrace time.Duration
 }
 
+// Ledger is one of several ledgers a Handler acts on (Config.Ledgers).
+type Ledger struct {
+	// Pool is the ledger's database, its statements qualified with the
+	// ledger's schema (ledger.InSchema). Required.
+	Pool store.Pool
+	// Windows is what "in flight" means per tool of this ledger (its
+	// engine's); nil: every resolve is refused.
+	Windows operator.Windows
+}
+
+// book is the ledger an action acts on: its name ("" for the one ledger of
+// a Handler without Config.Ledgers), its database and its windows.
+type book struct {
+	name    string
+	pool    store.Pool
+	windows operator.Windows
+}
+
 // DefaultResponseTimeout bounds one post to a response_url when
 // Config.HTTPClient is nil.
 const DefaultResponseTimeout = 5 * time.Second
@@ -118,16 +148,30 @@ type Handler struct {
 	now  func() time.Time
 	fu   followUps
 	msgs msgLocks // one update at a time per alert message
+	// seen holds the seen-set: Config.Pool, or the first ledger's.
+	seen store.Pool
 }
 
 // New builds a Handler, or says which required setting is missing or
 // which operator lists an unknown action.
 func New(cfg Config) (*Handler, error) {
 	switch {
-	case cfg.Pool == nil:
+	case cfg.Pool == nil && len(cfg.Ledgers) == 0:
 		return nil, errors.New("interact: a database pool is required")
 	case cfg.Slack == nil:
 		return nil, errors.New("interact: a Slack client (bot token) is required")
+	}
+	seen := cfg.Pool
+	for _, name := range slices.Sorted(maps.Keys(cfg.Ledgers)) {
+		if err := alerts.CheckLedgerName(name); err != nil {
+			return nil, fmt.Errorf("interact: %w", err)
+		}
+		if cfg.Ledgers[name].Pool == nil {
+			return nil, fmt.Errorf("interact: ledger %s: a database pool is required", name)
+		}
+		if seen == nil {
+			seen = cfg.Ledgers[name].Pool
+		}
 	}
 	for id, o := range cfg.Operators {
 		for _, a := range o.Actions {
@@ -142,7 +186,7 @@ func New(cfg Config) (*Handler, error) {
 	cfg.FollowUpBackoffBase = cmp.Or(cfg.FollowUpBackoffBase, DefaultFollowUpBackoffBase)
 	cfg.FollowUpBackoffMax = cmp.Or(cfg.FollowUpBackoffMax, DefaultFollowUpBackoffMax)
 	cfg.StopGrace = cmp.Or(cfg.StopGrace, DefaultStopGrace)
-	h := &Handler{cfg: cfg, http: cfg.HTTPClient, log: cfg.Logger, red: cfg.Redactor, now: cfg.Now}
+	h := &Handler{cfg: cfg, http: cfg.HTTPClient, log: cfg.Logger, red: cfg.Redactor, now: cfg.Now, seen: seen}
 	h.fu.ctx, h.fu.cancel = context.WithCancel(context.Background())
 	if h.http == nil {
 		h.http = &http.Client{Timeout: DefaultResponseTimeout}
@@ -207,8 +251,63 @@ func receivedAt(ctx context.Context) time.Time {
 	return time.Now()
 }
 
-// actor is the audit trail's name for a Slack user: exactly slack:<user id>.
-func actor(userID string) string { return "slack:" + userID }
+// fleet reports whether the Handler serves several ledgers
+// (Config.Ledgers): control values then name their ledger.
+func (h *Handler) fleet() bool { return len(h.cfg.Ledgers) > 0 }
+
+// bookNamed is the ledger called name: "" is the one ledger of a Handler
+// without Config.Ledgers; with them, name must be one of them.
+func (h *Handler) bookNamed(name string) (book, bool) {
+	if !h.fleet() {
+		return book{pool: h.cfg.Pool, windows: h.cfg.Windows}, name == ""
+	}
+	l, ok := h.cfg.Ledgers[name]
+	if !ok {
+		return book{}, false
+	}
+	return book{name: name, pool: l.Pool, windows: l.Windows}, true
+}
+
+// route reads a control's value: the key itself for a Handler without
+// Config.Ledgers (as every value always was), else the ledger's name and
+// the key (alerts.ParseLedgerValue) of a ledger in Config.Ledgers. When it
+// cannot say which ledger, why is the answer to the user.
+func (h *Handler) route(value string) (b book, key, why string) {
+	if !h.fleet() {
+		return book{pool: h.cfg.Pool, windows: h.cfg.Windows}, value, ""
+	}
+	name, key, ok := alerts.ParseLedgerValue(value)
+	if !ok {
+		return book{}, "", "That control names no ledger, and this ledgerkeeper keeps several (" + h.ledgerList() +
+			"), so it cannot tell which one to act on: nothing changed. Use the command line with `--ledger NAME`."
+	}
+	b, ok = h.bookNamed(name)
+	if !ok {
+		return book{}, "", "That control names ledger " + alerts.InlineCode(name, 70) + ", which this ledgerkeeper does not keep (it keeps " +
+			h.ledgerList() + "): nothing changed."
+	}
+	return b, key, ""
+}
+
+// ledgerList names the ledgers of Config.Ledgers, sorted, for a text.
+func (h *Handler) ledgerList() string {
+	names := slices.Sorted(maps.Keys(h.cfg.Ledgers))
+	for i, n := range names {
+		names[i] = alerts.InlineCode(n, 70)
+	}
+	return strings.Join(names, ", ")
+}
+
+// actor is the audit trail's name for a Slack user: exactly slack:<user
+// id>, and " (ledger NAME)" after it when the Handler serves several
+// ledgers, so that an audit row read on its own says where the act was
+// taken.
+func (b book) actor(userID string) string {
+	if b.name == "" {
+		return "slack:" + userID
+	}
+	return "slack:" + userID + " (ledger " + b.name + ")"
+}
 
 // byline is what goes beside the actor where the command line writes its
 // reason: the operator's mapped name, so the audit row says who.

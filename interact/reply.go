@@ -27,8 +27,15 @@ func (h *Handler) reply(w where, user, text string, blocks ...slack.Block) {
 	h.goFollowUp(func() { h.sendReply(w, user, text, blocks...) })
 }
 
-// sendReply is reply on the calling follow-up's goroutine.
+// sendReply is reply on the calling follow-up's goroutine. An answer about
+// a named ledger's key says which ledger first.
 func (h *Handler) sendReply(w where, user, text string, blocks ...slack.Block) {
+	if w.Ledger != "" {
+		text = "Ledger " + alerts.InlineCode(w.Ledger, 70) + ": " + text
+		if len(blocks) > 0 {
+			blocks = append([]slack.Block{ledgerLine(w.Ledger)}, blocks...)
+		}
+	}
 	_ = h.retry("reply", time.Time{}, func(ctx context.Context) error {
 		var errs []error
 		if w.ResponseURL != "" {
@@ -52,6 +59,12 @@ func (h *Handler) sendReply(w where, user, text string, blocks ...slack.Block) {
 		}
 		return errors.Join(append(errs, fmt.Errorf("chat.postEphemeral: %w", err))...)
 	}, "user", user, "channel", w.Channel)
+}
+
+// ledgerLine is the context line naming the ledger above an answer's or a
+// form's blocks.
+func ledgerLine(ledger string) *slack.ContextBlock {
+	return slack.NewContextBlock("", slack.NewTextBlockObject(slack.MarkdownType, "*Ledger* "+alerts.InlineCode(ledger, 70), false, true))
 }
 
 func replyBlocks(text string, blocks []slack.Block) []slack.Block {
@@ -104,7 +117,10 @@ const maxContextElements = 10
 
 // change is what an action did to its key, for the alert message.
 type change struct {
-	key string
+	// ledger is the key's ledger ("": the one ledger): its controls carry
+	// alerts.ControlValue(ledger, key).
+	ledger string
+	key    string
 	// settled: the action settled the key (completed or
 	// failed_retryable): its buttons other than Inspect leave the message,
 	// so nobody acts on it from a stale alert, and a one-key alert reads
@@ -154,10 +170,10 @@ func (h *Handler) updateAlert(ctx context.Context, w where, line string, c chang
 		return permanentError{"the alert message is not in its channel's history (deleted, or the bot lacks channels:history)"}
 	}
 	if c.settled {
-		blocks = withoutControls(blocks, c.key)
-		blocks = resolvedLook(blocks, c.key)
+		blocks = withoutControls(blocks, alerts.ControlValue(c.ledger, c.key))
+		blocks = resolvedLook(blocks, c.ledger, c.key)
 	} else {
-		blocks = withHoldButton(blocks, c.key, c.held)
+		blocks = withHoldButton(blocks, c.ledger, c.key, c.held)
 	}
 	blocks, ok := withLine(blocks, line)
 	if !ok {
@@ -216,10 +232,11 @@ func (l *msgLocks) lock(id string) (unlock func()) {
 	}
 }
 
-// withoutControls returns blocks without the buttons acting on key, Inspect
+// withoutControls returns blocks without the buttons whose value is value
+// (alerts.ControlValue: the key, or its ledger and the key), Inspect
 // excepted, and without an actions block left empty. A grouped message's
 // overflow menu stays: a click on it is told the key is settled.
-func withoutControls(blocks []slack.Block, key string) []slack.Block {
+func withoutControls(blocks []slack.Block, value string) []slack.Block {
 	out := make([]slack.Block, 0, len(blocks))
 	for _, b := range blocks {
 		ab, ok := b.(*slack.ActionBlock)
@@ -229,7 +246,7 @@ func withoutControls(blocks []slack.Block, key string) []slack.Block {
 		}
 		kept := make([]slack.BlockElement, 0, len(ab.Elements.ElementSet))
 		for _, el := range ab.Elements.ElementSet {
-			if btn, ok := el.(*slack.ButtonBlockElement); ok && btn.Value == key && btn.ActionID != alerts.ActionIDInspect {
+			if btn, ok := el.(*slack.ButtonBlockElement); ok && btn.Value == value && btn.ActionID != alerts.ActionIDInspect {
 				continue
 			}
 			kept = append(kept, el)
@@ -242,9 +259,10 @@ func withoutControls(blocks []slack.Block, key string) []slack.Block {
 	return out
 }
 
-// withHoldButton returns blocks with key's Hold or Release button replaced
-// by the one that applies now (held: Release).
-func withHoldButton(blocks []slack.Block, key string, held bool) []slack.Block {
+// withHoldButton returns blocks with the Hold or Release button of key in
+// ledger replaced by the one that applies now (held: Release).
+func withHoldButton(blocks []slack.Block, ledger, key string, held bool) []slack.Block {
+	value := alerts.ControlValue(ledger, key)
 	out := make([]slack.Block, len(blocks))
 	for i, b := range blocks {
 		out[i] = b
@@ -256,9 +274,9 @@ func withHoldButton(blocks []slack.Block, key string, held bool) []slack.Block {
 		changed := false
 		for j, el := range ab.Elements.ElementSet {
 			els[j] = el
-			if btn, ok := el.(*slack.ButtonBlockElement); ok && btn.Value == key &&
+			if btn, ok := el.(*slack.ButtonBlockElement); ok && btn.Value == value &&
 				(btn.ActionID == alerts.ActionIDHold || btn.ActionID == alerts.ActionIDRelease) {
-				els[j], changed = alerts.HoldButton(key, held), true
+				els[j], changed = alerts.HoldButton(ledger, key, held), true
 			}
 		}
 		if changed {
@@ -272,8 +290,13 @@ func withHoldButton(blocks []slack.Block, key string, held bool) []slack.Block {
 // resolved: its header "🔴 Title: 1 key" becomes "✅ Resolved: Title (1
 // key)", as the resolved notice reads, and the "*Next:*" advice of its
 // sections goes (what to do next is done). A grouped message keeps its
-// look: its other keys may still need a human.
-func resolvedLook(blocks []slack.Block, key string) []slack.Block {
+// look: its other keys may still need a human. A named ledger's header
+// keeps its "· ledger NAME" at the end.
+func resolvedLook(blocks []slack.Block, ledger, key string) []slack.Block {
+	tag := ""
+	if ledger != "" {
+		tag = alerts.LedgerTagPrefix + ledger
+	}
 	one := false
 	for _, b := range blocks {
 		if s, ok := b.(*slack.SectionBlock); ok && s.Text != nil && strings.Contains(s.Text.Text, "`"+key+"`") {
@@ -285,9 +308,9 @@ func resolvedLook(blocks []slack.Block, key string) []slack.Block {
 		switch x := b.(type) {
 		case *slack.HeaderBlock:
 			if x.Text != nil {
-				if title, ok := strings.CutPrefix(x.Text.Text, "🔴 "); ok && one && strings.HasSuffix(title, ": 1 key") {
-					title = strings.TrimSuffix(title, ": 1 key")
-					b = slack.NewHeaderBlock(slack.NewTextBlockObject(slack.PlainTextType, "✅ Resolved: "+title+" (1 key)", true, false))
+				if title, ok := strings.CutPrefix(x.Text.Text, "🔴 "); ok && one && strings.HasSuffix(title, ": 1 key"+tag) {
+					title = strings.TrimSuffix(title, ": 1 key"+tag)
+					b = slack.NewHeaderBlock(slack.NewTextBlockObject(slack.PlainTextType, "✅ Resolved: "+title+" (1 key)"+tag, true, false))
 				} else {
 					one = false // a grouped message: leave it as it is
 				}
@@ -344,7 +367,7 @@ const ActionSlackRefused = "slack_refused"
 // in the ledger: an audit trail is per key) and changes nothing else. It
 // says exactly what is missing: a user not in Config.Operators is told
 // so; a listed one is told which action they lack and which they have.
-func (h *Handler) authorize(ctx context.Context, w where, user string, action Action, key string) (Operator, bool, error) {
+func (h *Handler) authorize(ctx context.Context, b book, w where, user string, action Action, key string) (Operator, bool, error) {
 	op, known := h.cfg.Operators[user]
 	if known && op.may(action) {
 		if op.Name == "" {
@@ -370,7 +393,7 @@ func (h *Handler) authorize(ctx context.Context, w where, user string, action Ac
 		answer = fmt.Sprintf("You are not allowed to %s from Slack: as %s (Slack user ID %s) you may %s, and %s is not among your actions in alerts.slack.operators. Ask for it to be added. Nothing changed; the attempt is in the key's audit trail.",
 			tried, alerts.EscapeMrkdwn(name), alerts.EscapeMrkdwn(user), orList(has), tried)
 	}
-	err := h.auditRefusal(ctx, key, user, what)
+	err := h.auditRefusal(ctx, b, key, user, what)
 	h.reply(w, user, answer)
 	return Operator{}, false, err
 }
@@ -387,8 +410,8 @@ func orList(words []string) string {
 	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
 }
 
-func (h *Handler) auditRefusal(ctx context.Context, key, user, what string) error {
-	err := operator.AuditRefusal(ctx, h.cfg.Pool, operator.RefusalRecord{Key: key, Action: ActionSlackRefused, Actor: actor(user), What: what})
+func (h *Handler) auditRefusal(ctx context.Context, b book, key, user, what string) error {
+	err := operator.AuditRefusal(ctx, b.pool, operator.RefusalRecord{Key: key, Action: ActionSlackRefused, Actor: b.actor(user), What: what})
 	if err != nil {
 		return fmt.Errorf("audit refused Slack action: %w", err)
 	}

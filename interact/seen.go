@@ -39,11 +39,11 @@ func (h *Handler) Claim(ctx context.Context, id string, ttl time.Duration) (bool
 	if ttl <= 0 {
 		ttl = SeenTTL
 	}
-	if _, err := h.cfg.Pool.Exec(ctx, purgeSeen, maxSeenPurge); err != nil {
+	if _, err := h.seen.Exec(ctx, purgeSeen, maxSeenPurge); err != nil {
 		return false, fmt.Errorf("purge expired Slack deliveries: %w", err)
 	}
 	var got string
-	err := h.cfg.Pool.QueryRow(ctx, claimSeen, id, ttl).Scan(&got)
+	err := h.seen.QueryRow(ctx, claimSeen, id, ttl).Scan(&got)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil

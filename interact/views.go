@@ -60,6 +60,9 @@ func (m meta) encode() string {
 }
 
 func modal(callbackID, title, submit string, m meta, blocks ...slack.Block) slack.ModalViewRequest {
+	if m.Ledger != "" {
+		blocks = append([]slack.Block{ledgerLine(m.Ledger)}, blocks...)
+	}
 	return slack.ModalViewRequest{
 		Type:            slack.VTModal,
 		CallbackID:      callbackID,
@@ -152,9 +155,24 @@ func (h *Handler) viewSubmission(ctx context.Context, cb slack.InteractionCallba
 		return nil, fmt.Errorf("view %s: private_metadata is not ours", v.CallbackID)
 	}
 	user := cb.User.ID
+	b, ok := h.bookNamed(m.Ledger)
+	if !ok {
+		// A form opened by a process keeping other ledgers (the
+		// configuration changed meanwhile): nothing to act on.
+		h.log.Warn("slack submission refused: its form names no ledger this process keeps",
+			"user", user, "view", v.CallbackID, "ledger", h.red.String(safeClip(m.Ledger, 70)))
+		why := "That form names no ledger, and this ledgerkeeper keeps several (" + h.ledgerList() + "): nothing changed."
+		if m.Ledger != "" {
+			why = "That form was opened for ledger " + alerts.InlineCode(m.Ledger, 70) + ", which this ledgerkeeper does not keep now: nothing changed."
+		}
+		w := m.where
+		w.Ledger = ""
+		h.reply(w, user, why)
+		return slack.NewClearViewSubmissionResponse(), nil
+	}
 	// Again at the submission: the operators list may have changed since
 	// the form opened.
-	op, ok, err := h.authorize(ctx, m.where, user, action, m.Key)
+	op, ok, err := h.authorize(ctx, b, m.where, user, action, m.Key)
 	if !ok || err != nil {
 		return slack.NewClearViewSubmissionResponse(), err
 	}
@@ -178,22 +196,22 @@ func (h *Handler) viewSubmission(ctx context.Context, cb slack.InteractionCallba
 	}
 	switch v.CallbackID {
 	case viewHold:
-		return nil, h.hold(ctx, m, user, op, reason)
+		return nil, h.hold(ctx, b, m, user, op, reason)
 	case viewRetryable:
-		req := operator.ResolveRequest{Key: m.Key, Mark: operator.MarkRetryable, Reason: reason + " " + byline(op), Actor: actor(user),
-			Windows: h.cfg.Windows, ClaimedAt: m.ClaimedAt}
-		return nil, h.resolve(ctx, m, user, op, req, "marked "+alerts.InlineCode(m.Key, 300)+" retryable")
+		req := operator.ResolveRequest{Key: m.Key, Mark: operator.MarkRetryable, Reason: reason + " " + byline(op), Actor: b.actor(user),
+			Windows: b.windows, ClaimedAt: m.ClaimedAt}
+		return nil, h.resolve(ctx, b, m, user, op, req, "marked "+alerts.InlineCode(m.Key, 300)+" retryable")
 	}
 	// The reviewed outcome, as the review showed it.
 	req := operator.ResolveRequest{Key: m.Key, Mark: operator.MarkCompleted, Code: m.Code, Body: m.Body,
-		Reason: m.Reason + " " + byline(op), Actor: actor(user), Windows: h.cfg.Windows, ClaimedAt: m.ClaimedAt}
-	err = h.resolve(ctx, m, user, op, req, fmt.Sprintf("stored the outcome of %s (HTTP %d)", alerts.InlineCode(m.Key, 300), m.Code))
+		Reason: m.Reason + " " + byline(op), Actor: b.actor(user), Windows: b.windows, ClaimedAt: m.ClaimedAt}
+	err = h.resolve(ctx, b, m, user, op, req, fmt.Sprintf("stored the outcome of %s (HTTP %d)", alerts.InlineCode(m.Key, 300), m.Code))
 	// Close the form and its review.
 	return slack.NewClearViewSubmissionResponse(), err
 }
 
-func (h *Handler) hold(ctx context.Context, m meta, user string, op Operator, reason string) error {
-	_, err := operator.Hold(ctx, h.cfg.Pool, operator.HoldRequest{Key: m.Key, Reason: reason + " " + byline(op), Actor: actor(user)})
+func (h *Handler) hold(ctx context.Context, b book, m meta, user string, op Operator, reason string) error {
+	_, err := operator.Hold(ctx, b.pool, operator.HoldRequest{Key: m.Key, Reason: reason + " " + byline(op), Actor: b.actor(user)})
 	if err != nil && !isAnswer(err) {
 		h.replyFailed(m.where, user)
 		return err
@@ -203,19 +221,19 @@ func (h *Handler) hold(ctx context.Context, m meta, user string, op Operator, re
 		return nil
 	}
 	h.reply(m.where, user, alerts.InlineCode(m.Key, 400)+" is on hold: the reconciler neither probes nor decides it, purge keeps it and resolve refuses it, until someone releases it.")
-	h.annotate(m.where, fmt.Sprintf("%s put %s on hold at %s: %s", name(op), alerts.InlineCode(m.Key, 300), h.clock(), alerts.EscapeMrkdwn(oneLine(reason, 200))), change{key: m.Key, held: true})
+	h.annotate(m.where, fmt.Sprintf("%s put %s on hold at %s: %s", name(op), alerts.InlineCode(m.Key, 300), h.clock(), alerts.EscapeMrkdwn(oneLine(reason, 200))), change{ledger: b.name, key: m.Key, held: true})
 	return nil
 }
 
-func (h *Handler) resolve(ctx context.Context, m meta, user string, op Operator, req operator.ResolveRequest, did string) error {
-	_, err := operator.Resolve(ctx, h.cfg.Pool, req)
+func (h *Handler) resolve(ctx context.Context, b book, m meta, user string, op Operator, req operator.ResolveRequest, did string) error {
+	_, err := operator.Resolve(ctx, b.pool, req)
 	if err != nil && !isAnswer(err) {
 		h.replyFailed(m.where, user)
 		return err
 	}
 	h.reply(m.where, user, explainResolve(err, req))
 	if err == nil {
-		h.annotate(m.where, fmt.Sprintf("%s %s at %s", name(op), did, h.clock()), change{key: m.Key, settled: true})
+		h.annotate(m.where, fmt.Sprintf("%s %s at %s", name(op), did, h.clock()), change{ledger: b.name, key: m.Key, settled: true})
 	}
 	return nil
 }

@@ -125,6 +125,44 @@ type Interactivity struct {
 // uses). The Slack client takes the bot token and alerts.slack.api_url;
 // Socket Mode opens its connections there too.
 func BuildInteractivity(c *config.Config, pool store.Pool, windows operator.Windows, logger *slog.Logger) (*Interactivity, error) {
+	return buildInteractivity(c, interact.Config{Pool: pool, Windows: windows}, logger)
+}
+
+// BuildFleetInteractivity is BuildInteractivity for a serve process that
+// keeps several ledgers: one Handler and one set of transports (the Slack
+// app of top's alerts.slack, which every ledger's alerts go through) over
+// every ledger. Each ledger's dispatcher names its ledger in its controls
+// (alerts.Config.Ledger = LedgerTarget.Name), and an action acts on that
+// ledger's Pool with its Windows only; a control naming another ledger, or
+// none, changes nothing. The seen-set is kept in the first ledger by name.
+// nil when alerts.slack.interactive is off.
+func BuildFleetInteractivity(top *config.Config, ledgers []LedgerTarget, logger *slog.Logger) (*Interactivity, error) {
+	if !top.Alerts.Slack.Interactive {
+		return nil, nil
+	}
+	if len(ledgers) == 0 {
+		return nil, top.ErrorAt("ledgers", "Slack actions need at least one ledger")
+	}
+	books := make(map[string]interact.Ledger, len(ledgers))
+	for _, l := range ledgers {
+		if err := alerts.CheckLedgerName(l.Name); err != nil {
+			return nil, top.ErrorAt("ledgers", "%v", err)
+		}
+		if _, dup := books[l.Name]; dup {
+			return nil, top.ErrorAt("ledgers."+l.Name, "ledger %s given twice", l.Name)
+		}
+		if l.Pool == nil {
+			return nil, top.ErrorAt("ledgers."+l.Name, "ledger %s has no database pool", l.Name)
+		}
+		books[l.Name] = interact.Ledger{Pool: l.Pool, Windows: l.Windows}
+	}
+	return buildInteractivity(top, interact.Config{Ledgers: books}, logger)
+}
+
+// buildInteractivity builds the Handler over what base names (its Pool
+// and Windows, or its Ledgers) with the rest of c's alerts.slack, and the
+// transports.
+func buildInteractivity(c *config.Config, base interact.Config, logger *slog.Logger) (*Interactivity, error) {
 	s := c.Alerts.Slack
 	if !s.Interactive {
 		return nil, nil
@@ -139,15 +177,13 @@ func BuildInteractivity(c *config.Config, pool store.Pool, windows operator.Wind
 		}
 		ops[id] = o
 	}
-	h, err := interact.New(interact.Config{
-		Pool:       pool,
-		Slack:      slack.New(s.Token.Reveal(), slack.OptionAPIURL(api), slack.OptionHTTPClient(httpClient)),
-		HTTPClient: httpClient,
-		Operators:  ops,
-		Windows:    windows,
-		Redactor:   c.Redactor(),
-		Logger:     logger,
-	})
+	cfg := base
+	cfg.Slack = slack.New(s.Token.Reveal(), slack.OptionAPIURL(api), slack.OptionHTTPClient(httpClient))
+	cfg.HTTPClient = httpClient
+	cfg.Operators = ops
+	cfg.Redactor = c.Redactor()
+	cfg.Logger = logger
+	h, err := interact.New(cfg)
 	if err != nil {
 		return nil, c.ErrorAt("alerts.slack", "%v", err)
 	}
