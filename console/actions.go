@@ -36,9 +36,13 @@ func (h *Handler) granted(w http.ResponseWriter, r *http.Request, a Action) bool
 	if h.may(user, a) {
 		return true
 	}
-	h.log.Warn("console: action refused: not granted", "user", user, "action", string(a))
+	on := ""
+	if h.cfg.Ledger != "" {
+		on = " on ledger " + h.cfg.Ledger
+	}
+	h.log.Warn("console: action refused: not granted"+on, "user", user, "action", string(a))
 	h.render(w, r, http.StatusForbidden, "error", "Not allowed", nil,
-		"You ("+user+") are not granted "+string(a)+" (console.operators): nothing changed.")
+		"You ("+user+") are not granted "+string(a)+on+" (console.operators): nothing changed.")
 	return false
 }
 
@@ -72,7 +76,7 @@ func (h *Handler) readForm(w http.ResponseWriter, r *http.Request) (form, bool) 
 func (h *Handler) answer(w http.ResponseWriter, r *http.Request, key string, err error, done string) {
 	switch {
 	case err == nil:
-		http.Redirect(w, r, keyURL(key)+"&done="+url.QueryEscape(done), http.StatusSeeOther)
+		http.Redirect(w, r, h.keyURL(key)+"&done="+url.QueryEscape(done), http.StatusSeeOther)
 	case errors.Is(err, operator.ErrNoKey):
 		h.render(w, r, http.StatusNotFound, "error", "Key", nil, "No key "+strconv.Quote(key)+" in the ledger: nothing changed.")
 	case errors.Is(err, operator.ErrInvalid), errors.Is(err, operator.ErrNotHeld):
@@ -97,7 +101,7 @@ func (h *Handler) hold(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	req := operator.HoldRequest{Key: f.Key, Reason: f.Reason, Actor: actor(userOf(r))}
+	req := operator.HoldRequest{Key: f.Key, Reason: f.Reason, Actor: h.actor(userOf(r))}
 	if err := req.Validate(); err != nil {
 		h.renderKey(w, r, f.Key, http.StatusBadRequest, h.red.String(err.Error())+". Nothing changed.")
 		return
@@ -171,7 +175,7 @@ func (h *Handler) release(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := h.actionContext(r)
 	defer cancel()
-	err := operator.Release(ctx, h.cfg.Pool, operator.ReleaseRequest{Key: f.Key, Actor: actor(userOf(r)), Note: f.Reason})
+	err := operator.Release(ctx, h.cfg.Pool, operator.ReleaseRequest{Key: f.Key, Actor: h.actor(userOf(r)), Note: f.Reason})
 	h.answer(w, r, f.Key, err, "release")
 }
 
@@ -194,7 +198,7 @@ func (h *Handler) retryable(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	req := operator.ResolveRequest{Key: f.Key, Mark: operator.MarkRetryable, Reason: f.Reason, Actor: actor(userOf(r)), Windows: h.cfg.Windows, ClaimedAt: f.ClaimedAt}
+	req := operator.ResolveRequest{Key: f.Key, Mark: operator.MarkRetryable, Reason: f.Reason, Actor: h.actor(userOf(r)), Windows: h.cfg.Windows, ClaimedAt: f.ClaimedAt}
 	if !h.checkResolve(w, r, f, req) {
 		return
 	}
@@ -231,7 +235,7 @@ func (h *Handler) outcome(w http.ResponseWriter, r *http.Request) {
 	if json.Compact(&compact, body) == nil {
 		body = compact.Bytes()
 	}
-	req := operator.ResolveRequest{Key: f.Key, Mark: operator.MarkCompleted, Code: code, Body: body, Reason: f.Reason, Actor: actor(userOf(r)), Windows: h.cfg.Windows, ClaimedAt: f.ClaimedAt}
+	req := operator.ResolveRequest{Key: f.Key, Mark: operator.MarkCompleted, Code: code, Body: body, Reason: f.Reason, Actor: h.actor(userOf(r)), Windows: h.cfg.Windows, ClaimedAt: f.ClaimedAt}
 	if !h.checkResolve(w, r, f, req) {
 		return
 	}
@@ -296,7 +300,7 @@ func (h *Handler) confirm(w http.ResponseWriter, r *http.Request, f form, path, 
 		return
 	}
 	d := lines(k)
-	d.Action, d.Key, d.Tool, d.SubmitFor = Path+"key/"+path, f.Key, k.Tool, title
+	d.Action, d.Key, d.Tool, d.SubmitFor = h.base+"key/"+path, f.Key, k.Tool, title
 	d.Fields = map[string]string{"key": f.Key, "reason": f.Reason, "confirm": "yes"}
 	if f.ClaimedAt != nil {
 		d.Fields["claimed_at"] = f.ClaimedAt.UTC().Format(time.RFC3339Nano)
@@ -312,7 +316,7 @@ func (h *Handler) confirm(w http.ResponseWriter, r *http.Request, f form, path, 
 		what = "Note"
 	}
 	if f.Reason != "" || path != "release" {
-		d.Lines = append(d.Lines, what+" (audited as "+actor(userOf(r))+"): "+f.Reason)
+		d.Lines = append(d.Lines, what+" (audited as "+h.actor(userOf(r))+"): "+f.Reason)
 	}
 	h.render(w, r, http.StatusOK, "confirm", title, d, "")
 }

@@ -81,9 +81,9 @@ var bulkActions = map[string]bulkAction{
 func (h *Handler) routesBulk(mux *http.ServeMux) {
 	h.cfg.Bulk.Limit = cmp.Or(max(h.cfg.Bulk.Limit, 0), DefaultBulkLimit)
 	h.cfg.Bulk.Timeout = cmp.Or(max(h.cfg.Bulk.Timeout, 0), DefaultBulkTimeout)
-	mux.HandleFunc("GET "+Path+"bulk", h.bulkDryRun)
+	mux.HandleFunc("GET "+h.base+"bulk", h.bulkDryRun)
 	for name, a := range bulkActions {
-		mux.HandleFunc("POST "+Path+"bulk/"+name, func(w http.ResponseWriter, r *http.Request) { h.bulkAct(w, r, a) })
+		mux.HandleFunc("POST "+h.base+"bulk/"+name, func(w http.ResponseWriter, r *http.Request) { h.bulkAct(w, r, a) })
 	}
 }
 
@@ -187,7 +187,7 @@ func (h *Handler) renderDryRun(w http.ResponseWriter, r *http.Request, a bulkAct
 		Granted: h.may(userOf(r), a.Grant), Reason: reason}
 	d.Phrase = a.Verb + " " + strconv.Itoa(d.Count)
 	d.Submit = fmt.Sprintf(a.Button, d.Count)
-	d.Actor = actor(userOf(r))
+	d.Actor = h.actor(userOf(r))
 	d.Keys = keys[:min(len(keys), bulkShown)]
 	d.NotShown = len(keys) - len(d.Keys)
 	for _, k := range keys {
@@ -369,7 +369,7 @@ func missing(listed []bulkKey, keys []store.ListedKey) int {
 // key is to be checked on its page.
 func (h *Handler) bulkApply(w http.ResponseWriter, r *http.Request, a bulkAction, bf filterForm, asOf time.Time, keys []bulkKey, reason string) {
 	user := userOf(r)
-	act := actor(user)
+	act := h.actor(user)
 	// Once confirmed, the acts go on if the browser goes away, within
 	// their own bound.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.Bulk.Timeout)
@@ -444,7 +444,7 @@ func (h *Handler) bulkOffers(user string, q url.Values) bulkLinks {
 	link := func(action string) string {
 		v := bf.values()
 		v.Set("action", action)
-		return Path + "bulk?" + v.Encode()
+		return h.base + "bulk?" + v.Encode()
 	}
 	var l bulkLinks
 	if h.may(user, ActionHold) && bf.Held != "yes" {

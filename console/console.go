@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"path"
+	"regexp"
 	"slices"
 	"strconv"
 	"time"
@@ -23,6 +24,14 @@ import (
 
 // Path is where the console lives on a listener.
 const Path = "/ui/"
+
+// LedgerPath is where ledger's console lives in a fleet's (NewFleet):
+// /ui/ledgers/NAME/.
+func LedgerPath(ledger string) string { return Path + "ledgers/" + ledger + "/" }
+
+// ledgerName is what a ledger's name may be (config's rule): it is written
+// into URLs as it is.
+var ledgerName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
 // Action is one thing a user may be granted.
 type Action string
@@ -103,6 +112,11 @@ type Config struct {
 	// Run gives the console what serve runs: probes and the reconciler,
 	// for "probe now" and "reconcile this key now" (run.go).
 	Run RunConfig
+	// Ledger names the ledger shown when the console is one ledger's of a
+	// fleet (NewFleet sets it): its pages are under LedgerPath(Ledger), the
+	// audit trail's actor names the ledger beside the user, refusals say
+	// which ledger. "": the one ledger, at Path, as ever.
+	Ledger string
 }
 
 //go:embed templates/*.html
@@ -119,10 +133,32 @@ type Handler struct {
 	pages map[string]*template.Template
 	auth  authenticator
 	root  http.Handler
+	// base is where the pages are: Path, or LedgerPath(cfg.Ledger).
+	base string
+	// mux routes the pages under base; root is it behind the cross-origin
+	// check and authentication (a fleet's own, for a ledger of one).
+	mux *http.ServeMux
+	// fleet is the fleet this console is one ledger's of (its switcher);
+	// nil alone.
+	fleet *Fleet
 }
 
 // New builds a Handler, or says which setting cannot work.
 func New(cfg Config) (*Handler, error) {
+	h, err := newPages(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if h.auth, err = newAuthenticator(cfg); err != nil {
+		return nil, err
+	}
+	h.root = protect(h.log, cfg.Auth, h.auth, h.mux)
+	return h, nil
+}
+
+// newPages builds a Handler's pages and routes, under its base, without
+// the authentication in front of them (New's, or a fleet's).
+func newPages(cfg Config) (*Handler, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("console: a database pool is required")
 	}
@@ -133,43 +169,51 @@ func New(cfg Config) (*Handler, error) {
 			}
 		}
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, red: cfg.Redactor}
+	h := &Handler{cfg: cfg, log: cfg.Logger, red: cfg.Redactor, base: Path}
+	if cfg.Ledger != "" {
+		if !ledgerName.MatchString(cfg.Ledger) {
+			return nil, fmt.Errorf("console: ledger name %q: lower-case letters, digits, '-' and '_', at most 63 characters", cfg.Ledger)
+		}
+		h.base = LedgerPath(cfg.Ledger)
+	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
 	h.cfg.ExactBelow = cmp.Or(cfg.ExactBelow, DefaultExactBelow)
 	h.cfg.PageSize = cmp.Or(cfg.PageSize, 50)
 	var err error
-	if h.auth, err = newAuthenticator(cfg); err != nil {
-		return nil, err
-	}
-	if h.pages, err = parsePages(); err != nil {
+	if h.pages, err = parsePages(h.base); err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	if err := serveStatic(mux); err != nil {
+	if err := serveStatic(mux, h.base); err != nil {
 		return nil, err
 	}
-	mux.HandleFunc("GET "+Path+"{$}", h.overview)
-	mux.HandleFunc("GET "+Path+"keys", h.keys)
-	mux.HandleFunc("GET "+Path+"key", h.key)
-	mux.HandleFunc("POST "+Path+"key/hold", h.hold)
-	mux.HandleFunc("POST "+Path+"key/release", h.release)
-	mux.HandleFunc("POST "+Path+"key/retryable", h.retryable)
-	mux.HandleFunc("POST "+Path+"key/outcome", h.outcome)
+	mux.HandleFunc("GET "+h.base+"{$}", h.overview)
+	mux.HandleFunc("GET "+h.base+"keys", h.keys)
+	mux.HandleFunc("GET "+h.base+"key", h.key)
+	mux.HandleFunc("POST "+h.base+"key/hold", h.hold)
+	mux.HandleFunc("POST "+h.base+"key/release", h.release)
+	mux.HandleFunc("POST "+h.base+"key/retryable", h.retryable)
+	mux.HandleFunc("POST "+h.base+"key/outcome", h.outcome)
 	h.routesLive(mux)
 	h.routesBulk(mux)
 	h.routesRun(mux)
-	// Cross-site POSTs (Sec-Fetch-Site, else Origin against Host) are
-	// refused before authentication or any handler: a browser carries a
-	// user's Basic credentials to a forged form as readily as to ours.
+	h.mux = mux
+	return h, nil
+}
+
+// protect puts the cross-origin check and authentication in front of
+// next. Cross-site POSTs (Sec-Fetch-Site, else Origin against Host) are
+// refused before authentication or any handler: a browser carries a user's
+// Basic credentials to a forged form as readily as to ours.
+func protect(log *slog.Logger, kind Auth, auth authenticator, next http.Handler) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.log.Warn("console: cross-origin request refused", "method", r.Method, "path", r.URL.Path)
+		log.Warn("console: cross-origin request refused", "method", r.Method, "path", r.URL.Path)
 		http.Error(w, "cross-origin request refused: nothing changed", http.StatusForbidden)
 	}))
-	h.root = cop.Handler(h.authenticate(mux))
-	return h, nil
+	return cop.Handler(authenticate(log, kind, auth, next))
 }
 
 // staticTypes are the embedded assets' content types, by extension: a file
@@ -181,7 +225,7 @@ var staticTypes = map[string]string{
 
 // serveStatic serves each embedded asset by its own name: no directory
 // listing, no other path.
-func serveStatic(mux *http.ServeMux) error {
+func serveStatic(mux *http.ServeMux, base string) error {
 	static, err := fs.Sub(staticFS, "static")
 	if err != nil {
 		return err
@@ -198,7 +242,7 @@ func serveStatic(mux *http.ServeMux) error {
 		if err != nil {
 			return err
 		}
-		mux.HandleFunc("GET "+Path+"static/"+name, func(w http.ResponseWriter, _ *http.Request) {
+		mux.HandleFunc("GET "+base+"static/"+name, func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", ctype)
 			_, _ = w.Write(body)
 		})
@@ -206,9 +250,15 @@ func serveStatic(mux *http.ServeMux) error {
 	})
 }
 
-// ServeHTTP serves the console's pages under Path.
+// ServeHTTP serves the console's pages under Path (LedgerPath of its
+// ledger when Config.Ledger names one).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	hd := w.Header()
+	secureHeaders(w.Header())
+	h.root.ServeHTTP(w, r)
+}
+
+// secureHeaders are every answer's.
+func secureHeaders(hd http.Header) {
 	// Scripts, styles and images from the console's own files only (no
 	// inline script or style); fetches to the console only; forms post to
 	// it only; never framed.
@@ -217,7 +267,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("X-Frame-Options", "DENY")
 	hd.Set("Cache-Control", "no-store")
-	h.root.ServeHTTP(w, r)
 }
 
 type userKey struct{}
@@ -228,17 +277,17 @@ func userOf(r *http.Request) string {
 	return u
 }
 
-func (h *Handler) authenticate(next http.Handler) http.Handler {
+func authenticate(log *slog.Logger, kind Auth, auth authenticator, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user, status, why := h.auth.user(r)
+		user, status, why := auth.user(r)
 		if status != 0 {
 			switch {
-			case status == http.StatusUnauthorized && h.cfg.Auth == AuthBasic:
+			case status == http.StatusUnauthorized && kind == AuthBasic:
 				w.Header().Set("WWW-Authenticate", `Basic realm="ledgerkeeper console", charset="UTF-8"`)
 			case status == http.StatusTooManyRequests:
 				w.Header().Set("Retry-After", strconv.Itoa(int(signInWindow.Seconds())))
 			}
-			h.log.Info("console: request not authenticated", "path", r.URL.Path, "status", status, "why", why)
+			log.Info("console: request not authenticated", "path", r.URL.Path, "status", status, "why", why)
 			http.Error(w, why, status)
 			return
 		}
@@ -252,8 +301,15 @@ func (h *Handler) may(user string, a Action) bool {
 	return ok && (len(acts) == 0 || slices.Contains(acts, a))
 }
 
-// actor is the audit trail's name for a console user.
-func actor(user string) string { return "console:" + user }
+// actor is the audit trail's name for a console user: console:<user>, and
+// in a fleet's console the ledger beside it, "console:alice (ledger
+// billing)".
+func (h *Handler) actor(user string) string {
+	if h.cfg.Ledger != "" {
+		return "console:" + user + " (ledger " + h.cfg.Ledger + ")"
+	}
+	return "console:" + user
+}
 
 // readTimeout bounds a page's reads and an action's transaction.
 const readTimeout = 10 * time.Second

@@ -25,6 +25,32 @@
 // answer is 403 and nothing is written. Cross-site POSTs are refused by Go's
 // http.CrossOriginProtection before any handler runs.
 //
+// # Several ledgers
+//
+// A serve process that keeps several ledgers serves one console for all of
+// them (Fleet, NewFleet): each ledger's pages, the same as a Handler's,
+// under LedgerPath(name) (/ui/ledgers/billing/), every link, form, redirect,
+// asset and the overview's live part under that path, each on the ledger's
+// own pool (its schema); at Path the fleet's overview, every ledger with
+// its keys in flight, stuck, failed_retryable and held, its firing alerts
+// and open breakers; any other path, an unknown ledger's included, is 404.
+// Every ledger's page carries a switcher: every ledger, each link going to
+// the same page of it (its filter or key kept, a list's cursor not). One
+// authenticator (one Basic realm, one sign-in limit, one proxy rule) and
+// one cross-origin check stand in front of all of them, so one sign-in
+// serves every ledger. The one-ledger console (New) is unchanged at Path.
+//
+// Who sees what: every signed-in user sees every ledger (reads are not
+// scoped: the fleet is one team's); grants limit what they do. An entry of
+// console.operators is an action on every ledger ("hold"), an action on
+// one ledger ("billing:hold") or every action on one ledger ("billing:*");
+// an empty list is every action on every ledger (ParseGrant, OperatorsOn).
+// Each ledger's Handler holds the grants that apply to it and checks them
+// in every POST as above: a user with no grant on billing gets 403 from
+// billing's actions and nothing is written there. The audit trail names
+// the ledger through the actor, console:<user> (ledger <name>); the
+// one-ledger console keeps console:<user>.
+//
 // # Actions
 //
 // Hold, release, mark retryable and store outcome call the operator package,

@@ -25,13 +25,15 @@ type filterForm struct {
 	// Attempts: at least this many probes of the current attempt; "" any.
 	Attempts string
 	f        store.KeyFilter
+	// base is the console's path (Handler.base), for KeysURL.
+	base string
 }
 
 // parseFilter reads a filter from a query or form; the error says which
 // value is wrong, and how to write it.
 func (h *Handler) parseFilter(v url.Values) (filterForm, error) {
 	ff := filterForm{Tool: v.Get("tool"), Status: v.Get("status"), Prefix: v.Get("prefix"), Held: v.Get("held"),
-		Stuck: v.Get("stuck") == "1", OlderThan: strings.TrimSpace(v.Get("older_than")), Attempts: strings.TrimSpace(v.Get("attempts"))}
+		Stuck: v.Get("stuck") == "1", OlderThan: strings.TrimSpace(v.Get("older_than")), Attempts: strings.TrimSpace(v.Get("attempts")), base: h.base}
 	ff.f = store.KeyFilter{Tool: ff.Tool, Status: ff.Status, Prefix: ff.Prefix, Stuck: ff.Stuck}
 	switch ff.Held {
 	case "":
@@ -122,4 +124,4 @@ func (ff filterForm) Fields() map[string]string {
 }
 
 // KeysURL is the keys page of the filter.
-func (ff filterForm) KeysURL() string { return Path + "keys?" + ff.values().Encode() }
+func (ff filterForm) KeysURL() string { return ff.base + "keys?" + ff.values().Encode() }

@@ -94,7 +94,7 @@ func (h *Handler) routesLive(mux *http.ServeMux) {
 	if h.cfg.Live.now == nil {
 		h.cfg.Live.now = time.Now
 	}
-	mux.HandleFunc("GET "+Path+"overview/live", h.overviewLive)
+	mux.HandleFunc("GET "+h.base+"overview/live", h.overviewLive)
 }
 
 // overviewLive answers the overview's live part as an HTML fragment, the

@@ -186,11 +186,11 @@ func (g *keyGate) enter(key string, now time.Time) (release func(), refused stri
 // and reconcile actions.
 func (h *Handler) routesRun(mux *http.ServeMux) {
 	h.cfg.Run.gates = &runGates{probe: newKeyGate(cmp.Or(h.cfg.Run.ProbeEvery, DefaultProbeEvery)), reconcile: newKeyGate(0)}
-	mux.HandleFunc("GET "+Path+"checks", h.checks)
-	mux.HandleFunc("GET "+Path+"alerts", h.alertsPage)
-	mux.HandleFunc("GET "+Path+"runs", h.runs)
-	mux.HandleFunc("POST "+Path+"key/probe", h.probeNow)
-	mux.HandleFunc("POST "+Path+"key/reconcile", h.reconcileNow)
+	mux.HandleFunc("GET "+h.base+"checks", h.checks)
+	mux.HandleFunc("GET "+h.base+"alerts", h.alertsPage)
+	mux.HandleFunc("GET "+h.base+"runs", h.runs)
+	mux.HandleFunc("POST "+h.base+"key/probe", h.probeNow)
+	mux.HandleFunc("POST "+h.base+"key/reconcile", h.reconcileNow)
 }
 
 // --- the key page's buttons -------------------------------------------
@@ -357,7 +357,7 @@ func (h *Handler) reconcileNow(w http.ResponseWriter, r *http.Request) {
 	// recorded) even if the browser goes away.
 	ctx, cancelRun := context.WithTimeout(context.WithoutCancel(r.Context()), reconcileTimeout)
 	defer cancelRun()
-	who := actor(user)
+	who := h.actor(user)
 	eng, closer, err := h.cfg.Run.Reconciler(ctx, who)
 	if err != nil {
 		h.failed(w, r, "building the reconciler", err)
@@ -610,7 +610,7 @@ func (h *Handler) alertsPage(w http.ResponseWriter, r *http.Request) {
 	if len(firing) > h.cfg.PageSize {
 		firing = firing[:h.cfg.PageSize]
 		last := firing[len(firing)-1]
-		d.NextFiring = Path + "alerts?" + url.Values{"after": {last.Subject}, "after_reason": {string(last.Reason)}}.Encode()
+		d.NextFiring = h.base + "alerts?" + url.Values{"after": {last.Subject}, "after_reason": {string(last.Reason)}}.Encode()
 	}
 	var keys []string
 	var since []time.Time
@@ -644,7 +644,7 @@ func (h *Handler) alertsPage(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(msgs) > h.cfg.PageSize {
 		msgs = msgs[:h.cfg.PageSize]
-		d.NextMessages = Path + "alerts?before=" + strconv.FormatInt(msgs[len(msgs)-1].ID, 10) + "#messages"
+		d.NextMessages = h.base + "alerts?before=" + strconv.FormatInt(msgs[len(msgs)-1].ID, 10) + "#messages"
 	}
 	for i := range msgs {
 		msgs[i].LastError = h.red.String(msgs[i].LastError)
@@ -731,7 +731,7 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request) {
 		if d.Kind != "" {
 			next.Set("kind", d.Kind)
 		}
-		d.Next = Path + "runs?" + next.Encode()
+		d.Next = h.base + "runs?" + next.Encode()
 	}
 	for _, run := range runs {
 		d.Runs = append(d.Runs, h.describeRun(run))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
+	"maps"
 	"net/http"
 	"net/url"
 	"path"
@@ -46,7 +47,10 @@ var funcs = template.FuncMap{
 	"age":     func(d time.Duration) string { return d.Round(time.Second).String() },
 	"seconds": func(s float64) string { return (time.Duration(s * float64(time.Second))).Round(time.Second).String() },
 	"rfc3339": func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) },
-	"keyURL":  keyURL,
+	// keyURL and base are each Handler's own (parsePages): its key pages
+	// and its path, under which every link, form and asset is.
+	"keyURL": func(string) string { return "" },
+	"base":   func() string { return "" },
 	"deref": func(p *string) string {
 		if p == nil {
 			return ""
@@ -55,9 +59,16 @@ var funcs = template.FuncMap{
 	},
 }
 
-func keyURL(key string) string { return Path + "key?key=" + url.QueryEscape(key) }
+// keyURL is key's page.
+func (h *Handler) keyURL(key string) string { return keyURLAt(h.base, key) }
 
-func parsePages() (map[string]*template.Template, error) {
+func keyURLAt(base, key string) string { return base + "key?key=" + url.QueryEscape(key) }
+
+// parsePages parses every page with base as the console's path.
+func parsePages(base string) (map[string]*template.Template, error) {
+	fm := maps.Clone(funcs)
+	fm["keyURL"] = func(key string) string { return keyURLAt(base, key) }
+	fm["base"] = func() string { return base }
 	pages := map[string]*template.Template{}
 	names, err := fs.Glob(templateFS, "templates/*.html")
 	if err != nil {
@@ -68,7 +79,7 @@ func parsePages() (map[string]*template.Template, error) {
 		if p == "base" {
 			continue
 		}
-		t, err := template.New(p).Funcs(funcs).ParseFS(templateFS, "templates/base.html", name)
+		t, err := template.New(p).Funcs(fm).ParseFS(templateFS, "templates/base.html", name)
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", p, err)
 		}
@@ -95,11 +106,23 @@ type page struct {
 	Done string
 	Err  string
 	Data any
+	// Ledger is the ledger shown, in a fleet's console ("" alone);
+	// Ledgers the switcher: every ledger, each linking to this page of it.
+	Ledger  string
+	Ledgers []ledgerLink
+	// FleetRoot: a page of the fleet's own (its overview), not of a
+	// ledger's: the main navigation is the fleet's.
+	FleetRoot bool
 }
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any, errText string) {
+	h.renderPage(w, status, name, page{Title: title, User: userOf(r), Done: doneText[r.URL.Query().Get("done")], Err: errText, Data: data,
+		Ledger: h.cfg.Ledger, Ledgers: h.switcher(r)})
+}
+
+// renderPage draws page name with p.
+func (h *Handler) renderPage(w http.ResponseWriter, status int, name string, p page) {
 	var buf bytes.Buffer
-	p := page{Title: title, User: userOf(r), Done: doneText[r.URL.Query().Get("done")], Err: errText, Data: data}
 	if err := h.pages[name].ExecuteTemplate(&buf, "base", p); err != nil {
 		h.log.Error("console: render", "page", name, "err", h.red.Error(err))
 		http.Error(w, "the page could not be drawn (see serve's log)", http.StatusInternalServerError)
@@ -282,7 +305,7 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		next.Set("after", keys[len(keys)-1].Key)
-		d.Next = Path + "keys?" + next.Encode()
+		d.Next = h.base + "keys?" + next.Encode()
 	}
 	h.render(w, r, http.StatusOK, "keys", "Keys", d, "")
 }
