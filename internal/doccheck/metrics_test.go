@@ -1,6 +1,7 @@
 package doccheck
 
 import (
+	"context"
 	"log/slog"
 	"maps"
 	"os"
@@ -35,17 +36,23 @@ var (
 
 // servedMetrics is every ledgerkeeper_* metric `serve` registers (built
 // the way cmd/ledgerkeeper's serve builds them), with its label names.
+// They are registered as a serve with a ledgers section registers them
+// (serve_fleet.go): a ledger's series with the label ledger, the database
+// series with database. A single-ledger serve exports the same series
+// without those two labels, so a selector valid here is valid there.
 func servedMetrics(t *testing.T) map[string][]string {
 	t.Helper()
 	rec := &recorder{}
 	daemon.RegisterBuildInfo(rec)
-	reconcile.NewMetrics(rec)
-	expiry.NewMetrics(rec)
-	alerts.NewMetrics(rec)
-	daemon.NewLedgerMetrics(rec)
-	daemon.NewDatabaseHealth(rec, slog.New(slog.DiscardHandler))
+	ledger := prometheus.WrapRegistererWith(prometheus.Labels{"ledger": "doc"}, rec)
+	reconcile.NewMetrics(ledger)
+	expiry.NewMetrics(ledger)
+	alerts.NewMetrics(ledger)
+	daemon.NewLedgerMetrics(ledger)
+	daemon.NewDatabaseHealth(prometheus.WrapRegistererWith(prometheus.Labels{"database": "db:5432/doc"}, rec), slog.New(slog.DiscardHandler))
 	jobs := prometheus.NewRegistry() // daemon.New wants a *Registry
-	if _, err := daemon.New(daemon.Config{Registry: jobs}); err != nil {
+	noop := func(context.Context) error { return nil }
+	if _, err := daemon.New(daemon.Config{Registry: jobs, Jobs: []daemon.Job{{Name: "observe", Spec: "@every 1m", Ledger: "doc", Run: noop}}}); err != nil {
 		t.Fatal(err)
 	}
 	rec.MustRegister(jobs)
