@@ -6,6 +6,7 @@
 //	lkbench bigledger [flags]  operator commands and daemon statements on big ledgers
 //	lkbench reconcile [flags]   reconcile throughput, durable vs non-durable commits
 //	lkbench hotpath [flags]     the tool side's middleware against the raw minimum
+//	lkbench fleet [flags]       one process over many ledgers against one ledger; a ledger whose database hangs
 //
 // Each subcommand runs against an ephemeral durable cluster started from the
 // local PostgreSQL binaries (fsync on, so WAL and commit costs are real), or
@@ -35,6 +36,7 @@ var subcommands = map[string]struct {
 	"rss":        {"peak RSS of the ledgerkeeper binary's pass over stuck backlogs of several sizes", runRSS},
 	"hotpath":    {"ledger.Middleware against the raw minimum at open-loop arrival rates; Claim under contention", runHotPath},
 	"reconcile":  {"reconcile throughput against a 20 ms downstream, durable and non-durable clusters side by side", runReconcile},
+	"fleet":      {"reconcile over 50 ledgers (schemas of two databases) against the same keys in one; the others beside a ledger whose database hangs", runFleet},
 }
 
 func main() {

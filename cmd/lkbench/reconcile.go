@@ -23,11 +23,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // runReconcile measures one reconcile pass over stuck keys against a 20 ms
@@ -64,7 +66,7 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if os.Getenv(downstreamEnv) != "" {
 		return serveDownstream(*latency, stdout)
 	}
-	ds, err := startDownstream(*latency)
+	ds, err := startDownstream(*latency, 0)
 	if err != nil {
 		return err
 	}
@@ -115,34 +117,16 @@ func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if _, err := c.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
 			return err
 		}
-		// Like the daemon: one idle connection per probe in flight, and
-		// the engine's logs through a JSON handler at info (to /dev/null).
-		tr := &http.Transport{MaxIdleConns: 2 * *concurrency, MaxIdleConnsPerHost: 2 * *concurrency, IdleConnTimeout: time.Minute}
-		defer tr.CloseIdleConnections()
-		hp, err := probes.NewHTTP(probes.HTTPConfig{
-			URL:          ds.url + "/v1/tickets?idempotency_key={key}",
-			Match:        "data",
-			ResponseCode: 201,
-			ResponseBody: map[string]string{"ticket_id": "id", "created_at": "created_at"},
-			Timeout:      5 * time.Second,
-			Client:       &http.Client{Transport: tr},
-		})
+		hp, closeProbe, err := ds.probe(*concurrency)
 		if err != nil {
 			return err
 		}
-		defer hp.Close()
+		defer closeProbe()
 		// One engine per variant on the same pool and probe: they differ
 		// only in the tool's SelfCheckDisabled.
 		c.engines, c.runs = map[string]*reconcile.Engine{}, map[string][]passResult{}
 		for _, v := range variants {
-			c.engines[v] = reconcile.New(reconcile.Config{
-				Actor:       "lkbench",
-				Concurrency: *concurrency,
-				BackoffBase: time.Hour,
-				Tools: map[string]reconcile.Policy{"create_ticket": {
-					ProcessingWindow: time.Minute, Concurrency: *concurrency, Probe: hp, SelfCheckDisabled: v == bracketOff,
-				}},
-			}, c.pool, slog.New(slog.NewJSONHandler(devNull, nil)), nil)
+			c.engines[v] = benchEngine("lkbench", *concurrency, hp, v, c.pool, devNull)
 		}
 	}
 
@@ -497,10 +481,45 @@ func summarise(name string, runs []passResult, ideal float64) clusterSummary {
 	return s
 }
 
+// benchEngine is the engine a reconcile benchmark measures: one tool,
+// create_ticket, probed by probe at concurrency, its self-check bracket on
+// or off (bracket), logging through a JSON handler at info to logs (as the
+// daemon does; /dev/null here). pool is a *pgxpool.Pool or a ledger in a
+// schema (ledger.InSchema).
+func benchEngine(actor string, concurrency int, probe probes.Probe, bracket string, pool store.Pool, logs io.Writer) *reconcile.Engine {
+	return reconcile.New(reconcile.Config{
+		Actor:       actor,
+		Concurrency: concurrency,
+		BackoffBase: time.Hour,
+		Tools: map[string]reconcile.Policy{"create_ticket": {
+			ProcessingWindow: time.Minute, Concurrency: concurrency, Probe: probe, SelfCheckDisabled: bracket == bracketOff,
+		}},
+	}, pool, slog.New(slog.NewJSONHandler(logs, nil)), nil)
+}
+
+// execer runs a statement: a *pgxpool.Pool, or a ledger in a schema
+// (ledger.InSchema), which qualifies the ledger's tables in it.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
 // stuckKeys replaces the ledger with n keys of create_ticket, processing
 // and claimed an hour ago (keys ending in an even digit exist downstream),
-// and the witnesses.
-func stuckKeys(ctx context.Context, db *pgxpool.Pool, n int) error {
+// and the witnesses, then checkpoints (so no pass pays for another's dirty
+// pages).
+func stuckKeys(ctx context.Context, db execer, n int) error {
+	if err := loadStuck(ctx, db, n); err != nil {
+		return err
+	}
+	if _, err := db.Exec(ctx, `CHECKPOINT`); err != nil {
+		return fmt.Errorf("load stuck keys: %w", err)
+	}
+	return nil
+}
+
+// loadStuck is stuckKeys without the checkpoint: for loading many ledgers
+// of one server, then checkpointing once.
+func loadStuck(ctx context.Context, db execer, n int) error {
 	for _, st := range []struct {
 		q    string
 		args []any
@@ -525,7 +544,6 @@ func stuckKeys(ctx context.Context, db *pgxpool.Pool, n int) error {
 		FROM generate_series(1, $1::int) AS i, LATERAL (SELECT $3::text || (2 * i)::text AS k) w`,
 			args: []any{witnessKeys, ticketCreatedAt, witnessPrefix}},
 		{q: `VACUUM ANALYZE idempotency_keys, reconcile_state, reconcile_audit`},
-		{q: `CHECKPOINT`}, // so no pass pays for another's dirty pages
 	} {
 		if _, err := db.Exec(ctx, st.q, st.args...); err != nil {
 			return fmt.Errorf("load stuck keys: %w", err)
@@ -548,8 +566,12 @@ const (
 
 // downstreamEnv makes lkbench reconcile serve the downstream instead: the
 // parent runs it as a child process, so that the engine's CPU (the lkbench
-// process) is told from the downstream's.
-const downstreamEnv = "LKBENCH_RECONCILE_DOWNSTREAM"
+// process) is told from the downstream's. downstreamCapacityEnv, when set,
+// is how many lookups it serves at once (see slowDownstream).
+const (
+	downstreamEnv         = "LKBENCH_RECONCILE_DOWNSTREAM"
+	downstreamCapacityEnv = "LKBENCH_RECONCILE_DOWNSTREAM_CAPACITY"
+)
 
 // downstreamProc is the child process serving slowDownstream.
 type downstreamProc struct {
@@ -558,13 +580,15 @@ type downstreamProc struct {
 	stop func()
 }
 
-func startDownstream(latency time.Duration) (*downstreamProc, error) {
+// startDownstream starts the downstream process: every lookup answered
+// after latency, at most capacity of them at once (0: no bound).
+func startDownstream(latency time.Duration, capacity int) (*downstreamProc, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe, "reconcile", "--latency", latency.String())
-	cmd.Env = append(os.Environ(), downstreamEnv+"=1")
+	cmd.Env = append(os.Environ(), downstreamEnv+"=1", downstreamCapacityEnv+"="+strconv.Itoa(capacity))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -586,6 +610,26 @@ func startDownstream(latency time.Duration) (*downstreamProc, error) {
 	}
 	d.url = strings.TrimSpace(line)
 	return d, nil
+}
+
+// probe is an HTTP probe of the downstream's tickets, as a tool's probe
+// is configured: concurrency probes in flight keep one idle connection
+// each. close closes it and its connections.
+func (d *downstreamProc) probe(concurrency int) (probe *probes.HTTPProbe, closeProbe func(), err error) {
+	tr := &http.Transport{MaxIdleConns: 2 * concurrency, MaxIdleConnsPerHost: 2 * concurrency, IdleConnTimeout: time.Minute}
+	hp, err := probes.NewHTTP(probes.HTTPConfig{
+		URL:          d.url + "/v1/tickets?idempotency_key={key}",
+		Match:        "data",
+		ResponseCode: 201,
+		ResponseBody: map[string]string{"ticket_id": "id", "created_at": "created_at"},
+		Timeout:      5 * time.Second,
+		Client:       &http.Client{Transport: tr},
+	})
+	if err != nil {
+		tr.CloseIdleConnections()
+		return nil, nil, err
+	}
+	return hp, func() { hp.Close(); tr.CloseIdleConnections() }, nil
 }
 
 // downstreamHits counts the lookups the downstream answered, by kind of
@@ -635,6 +679,9 @@ func (d *downstreamProc) cpu() (time.Duration, error) {
 // stdin closes.
 func serveDownstream(latency time.Duration, stdout io.Writer) error {
 	ds := &slowDownstream{latency: latency}
+	if c, _ := strconv.Atoi(os.Getenv(downstreamCapacityEnv)); c > 0 {
+		ds.slots = make(chan struct{}, c)
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", ds)
 	mux.HandleFunc("/hits", func(w http.ResponseWriter, _ *http.Request) {
@@ -650,9 +697,13 @@ func serveDownstream(latency time.Duration, stdout io.Writer) error {
 // slowDownstream answers every lookup after latency: found for keys
 // ending in an even digit (the witnesses among them), not found for the
 // others and for a self-check's made-up key, whatever its last character
-// (a JSON absence: 200 with no ticket). It counts each kind apart.
+// (a JSON absence: 200 with no ticket). It counts each kind apart. With
+// slots, it serves at most cap(slots) lookups at once and the others wait
+// their turn (a downstream of fixed capacity: its latency counts from the
+// turn).
 type slowDownstream struct {
 	latency                 time.Duration
+	slots                   chan struct{}
 	keys, madeUp, witnesses atomic.Int64
 }
 
@@ -666,6 +717,14 @@ func (d *slowDownstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		d.witnesses.Add(1)
 	default:
 		d.keys.Add(1)
+	}
+	if d.slots != nil {
+		select {
+		case d.slots <- struct{}{}:
+			defer func() { <-d.slots }()
+		case <-r.Context().Done():
+			return
+		}
 	}
 	t := time.NewTimer(d.latency)
 	select {
