@@ -20,7 +20,8 @@ import (
 
 // validateConsole checks the console section beyond its tags: the users
 // (inline and the users file: names, bcrypt hashes, each named once) and the
-// operators' names and actions.
+// operators' names and grants (actions, LEDGER:ACTION and LEDGER:* naming
+// a ledger of the configuration).
 func validateConsole(c *config.Config) []*config.Error {
 	var errs []*config.Error
 	add := func(path, format string, args ...any) { errs = append(errs, c.ErrorAt(path, format, args...)) }
@@ -35,16 +36,30 @@ func validateConsole(c *config.Config) []*config.Error {
 		seen := map[string]bool{}
 		for i, a := range c.Console.Operators[user] {
 			path := fmt.Sprintf("%s[%d]", base, i)
+			g, err := console.ParseGrant(a)
 			switch {
-			case !slices.Contains(console.Actions, console.Action(a)):
-				add(path, "unknown action %q (want hold, release, mark_retryable, store_outcome or reconcile; an empty list is all of them)", a)
+			case err != nil:
+				add(path, "%v", err)
 			case seen[a]:
 				add(path, "action %q listed twice", a)
+			case g.Ledger != "" && !inheritsConsole(c):
+				if _, err := c.Ledger(g.Ledger); err != nil {
+					add(path, "%q: %v", a, err)
+				}
 			}
 			seen[a] = true
 		}
 	}
 	return errs
+}
+
+// inheritsConsole says whether c is one ledger's configuration of a fleet's:
+// its console section is the top level's, whose own check names the
+// ledgers a grant may be limited to (c knows only itself). Such a
+// configuration places its errors under ledgers.NAME, or says the ledger
+// inherits the setting: the path it shows is not the one asked for.
+func inheritsConsole(c *config.Config) bool {
+	return c.ErrorAt("console", "").Path != "console"
 }
 
 // consoleUsers gathers console.users and console.users_file; an error is
@@ -108,43 +123,67 @@ func WithProbePauses(pauses func() map[string]time.Time) ConsoleOption {
 // listener on listen (auth none needs a loopback one). windows is what "in
 // flight" means per tool (the engine's, as Slack's and the CLI's resolve
 // use). An error is located at the setting that is wrong.
+//
+// The grants are those of console.operators that apply to the one ledger
+// (config.DefaultLedger: an entry limited to a ledger, LEDGER:ACTION, counts
+// when it names that one).
 func BuildConsole(c *config.Config, pool store.Beginner, windows operator.Windows, listen string, logger *slog.Logger, opts ...ConsoleOption) (*console.Handler, error) {
+	front, err := consoleFront(c, listen, logger)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := ledgerConsole(c, config.DefaultLedger, pool, windows)
+	if err != nil {
+		return nil, err
+	}
+	cc.Auth, cc.Users, cc.ProxyHeader, cc.ProxyCIDRs, cc.Loopback = front.Auth, front.Users, front.ProxyHeader, front.ProxyCIDRs, front.Loopback
+	cc.Redactor, cc.Logger = front.Redactor, front.Logger
+	h, err := console.New(withOptions(opts, cc))
+	if err != nil {
+		return nil, c.ErrorAt("console.auth", "%v", err)
+	}
+	return h, nil
+}
+
+// consoleFront is how users sign in to the console (and its redactor and
+// logger), from c's console section, for a listener on listen.
+func consoleFront(c *config.Config, listen string, logger *slog.Logger) (console.Config, error) {
 	users, cerr := consoleUsers(c)
 	if cerr != nil {
-		return nil, cerr
-	}
-	ops := map[string][]console.Action{}
-	for user, acts := range c.Console.Operators {
-		ops[user] = []console.Action{}
-		for _, a := range acts {
-			ops[user] = append(ops[user], console.Action(a))
-		}
+		return console.Config{}, cerr
 	}
 	var cidrs []netip.Prefix
 	for _, s := range c.Console.ProxyCIDRs {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			return nil, c.ErrorAt("console.proxy_cidrs", "%q is not a CIDR", s)
+			return console.Config{}, c.ErrorAt("console.proxy_cidrs", "%q is not a CIDR", s)
 		}
 		cidrs = append(cidrs, p.Masked())
 	}
-	h, err := console.New(withOptions(opts, console.Config{
-		Pool:        pool,
+	return console.Config{
 		Auth:        console.Auth(c.Console.Auth),
 		Users:       users,
 		ProxyHeader: c.Console.ProxyHeader,
 		ProxyCIDRs:  cidrs,
 		Loopback:    Loopback(listen),
-		Operators:   ops,
-		Windows:     windows,
 		Redactor:    c.Redactor(),
 		Logger:      logger,
-		Bulk:        console.BulkConfig{Limit: c.Console.BulkLimit},
-	}))
+	}, nil
+}
+
+// ledgerConsole is one ledger's part of the console: its database, its
+// windows, the grants on it (console.operators of top) and the bulk limit.
+func ledgerConsole(top *config.Config, ledger string, pool store.Beginner, windows operator.Windows) (console.Config, error) {
+	ops, err := console.OperatorsOn(top.Console.Operators, ledger)
 	if err != nil {
-		return nil, c.ErrorAt("console.auth", "%v", err)
+		return console.Config{}, top.ErrorAt("console.operators", "%v", err)
 	}
-	return h, nil
+	return console.Config{
+		Pool:      pool,
+		Operators: ops,
+		Windows:   windows,
+		Bulk:      console.BulkConfig{Limit: top.Console.BulkLimit},
+	}, nil
 }
 
 // withOptions is cfg with opts applied.
@@ -209,5 +248,69 @@ func ConsoleRoutes(c *config.Config, pool store.Beginner, windows operator.Windo
 	}
 	out[console.Path] = h
 	logger.Info("console on", "summary", ConsoleSummary(c, c.HTTP.Listen))
+	return out, nil
+}
+
+// BuildFleetConsole builds the console of several ledgers (console.Fleet)
+// from the top level's console section, for a listener on listen: each
+// ledger's pages under /ui/ledgers/NAME/ on its own pool and windows, with
+// the grants of console.operators that apply to it, and perLedger's
+// options (nil: none) for it, such as WithProbePauses and WithRun of the
+// ledger's engine. An error is located at the setting that is wrong.
+func BuildFleetConsole(top *config.Config, ledgers []LedgerTarget, listen string, logger *slog.Logger, perLedger func(name string) []ConsoleOption) (*console.Fleet, error) {
+	front, err := consoleFront(top, listen, logger)
+	if err != nil {
+		return nil, err
+	}
+	var fl []console.FleetLedger
+	for _, t := range ledgers {
+		cc, err := ledgerConsole(top, t.Name, t.Pool, t.Windows)
+		if err != nil {
+			return nil, err
+		}
+		var opts []ConsoleOption
+		if perLedger != nil {
+			opts = perLedger(t.Name)
+		}
+		fl = append(fl, console.FleetLedger{Name: t.Name, Config: withOptions(opts, cc)})
+	}
+	f, err := console.NewFleet(front, fl)
+	if err != nil {
+		return nil, top.ErrorAt("console.auth", "%v", err)
+	}
+	return f, nil
+}
+
+// FleetConsoleRoutes adds the web console of every ledger to serve's routes
+// (at console.Path on http.listen) when http.console.enabled, and logs how
+// it is reached; routes is returned as it is otherwise. With a ledgers
+// section it is the fleet's console (BuildFleetConsole: the overview at
+// /ui/, each ledger under /ui/ledgers/NAME/); without one, ledgers is the
+// one ledger and its console is ConsoleRoutes's at /ui/, exactly. An error
+// is located at the setting that is wrong.
+func FleetConsoleRoutes(top *config.Config, ledgers []LedgerTarget, logger *slog.Logger, routes map[string]http.Handler, perLedger func(name string) []ConsoleOption) (map[string]http.Handler, error) {
+	if !top.HTTP.ConsoleEnabled() || top.HTTP.Listen == "" {
+		return routes, nil
+	}
+	if !top.Fleet() {
+		if len(ledgers) != 1 {
+			return nil, fmt.Errorf("console: a configuration without a ledgers section keeps one ledger, not %d", len(ledgers))
+		}
+		var opts []ConsoleOption
+		if perLedger != nil {
+			opts = perLedger(ledgers[0].Name)
+		}
+		return ConsoleRoutes(top, ledgers[0].Pool, ledgers[0].Windows, logger, routes, opts...)
+	}
+	f, err := BuildFleetConsole(top, ledgers, top.HTTP.Listen, logger, perLedger)
+	if err != nil {
+		return nil, err
+	}
+	out := maps.Clone(routes)
+	if out == nil {
+		out = map[string]http.Handler{}
+	}
+	out[console.Path] = f
+	logger.Info("console on", "summary", ConsoleSummary(top, top.HTTP.Listen), "ledgers", strings.Join(f.Ledgers(), ", "))
 	return out, nil
 }
