@@ -103,6 +103,13 @@
 // Resolved notices never carry controls, and the text fallback is the
 // same either way.
 //
+// Config.Ledger names the ledger of a process that keeps several: its
+// messages say so (the header ends "· ledger NAME", the text fallback
+// starts "Ledger NAME:", every command carries --ledger NAME) and every
+// control's value is ControlValue, "NAME|KEY", which interact routes to
+// that ledger (ParseLedgerValue). Empty, messages and values are exactly
+// those of a single ledger.
+//
 // # Secrets
 //
 // A webhook URL and a token are secrets. Notifiers redact them from every

@@ -85,6 +85,33 @@
 // alerts.OriginBlockID). alerts.Config.Interactive switches all of it on;
 // resolved notices never carry controls.
 //
+// # Several ledgers
+//
+// A serve process keeping several ledgers (the configuration's ledgers
+// section) runs one dispatcher per ledger, all posting to one channel,
+// and one Handler over them all (Config.Ledgers: each ledger's pool, in
+// its schema, and windows; daemon.BuildFleetInteractivity). Each
+// dispatcher names its ledger (alerts.Config.Ledger): the header ends
+// "· ledger NAME", the notification text starts "Ledger NAME:", every
+// command quoted carries --ledger NAME, and every control's value is
+// alerts.ControlValue, "NAME|KEY" (a ledger's name cannot hold "|", so the
+// first one ends it whatever the key holds; alerts.ParseLedgerValue reads
+// it strictly). An action acts on the pool of the ledger its value names
+// and on no other; its answer and its form name the ledger, and the form
+// carries it in its private_metadata. A value naming a ledger the Handler
+// does not keep, or naming none (a bare key: a message posted before the
+// ledgers section), and a form naming a ledger not kept, change nothing:
+// the user is told which ledgers there are, and the attempt is logged
+// (there is no ledger to audit it in). The actor of every audit row and
+// hold is then slack:<user id> (ledger NAME); with one ledger it stays
+// slack:<user id> and values stay bare keys. The seen-set is kept in one
+// ledger's slack_seen (Config.Pool, else the first ledger by name), so a
+// delivery is recognised whichever ledger it concerns. A menu option's
+// 150 characters hold the ledger's name too: a key longer than 136 minus
+// the name's length (128 keys fit beside names of up to 8) gets no menu in
+// a grouped message nor a place in its picker (its one-key message's
+// buttons, up to 2000 characters, always carry it).
+//
 // # Authorization
 //
 // Only Slack users in Config.Operators may act, each optionally limited to
@@ -172,8 +199,8 @@
 //
 // # Wiring
 //
-// New builds a Handler from Config (a pool and a bot-token client are
-// required). The alert renderer draws the controls only when the
+// New builds a Handler from Config (a pool, or Ledgers, and a bot-token
+// client are required). The alert renderer draws the controls only when the
 // dispatcher's alerts.Config.Interactive is true; turn it on when a
 // transport is configured, or the buttons would lead nowhere.
 package interact

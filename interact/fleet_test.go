@@ -106,7 +106,9 @@ func TestFleetPickerAnswersWithItsLedgersButtons(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := alerts.New(billing, alerts.Config{Owner: "test", Interactive: true, Ledger: "billing",
-		Held: func(ctx context.Context, keys []string) (map[string]bool, error) { return store.HeldKeys(ctx, billing, keys) }}, n, nil, nil)
+		Held: func(ctx context.Context, keys []string) (map[string]bool, error) {
+			return store.HeldKeys(ctx, billing, keys)
+		}}, n, nil, nil)
 	if _, err := d.RunOnce(bg); err != nil {
 		t.Fatal(err)
 	}
