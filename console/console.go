@@ -17,17 +17,18 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ledgerkeeper/ledgerkeeper/console/uipath"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
 	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // Path is where the console lives on a listener.
-const Path = "/ui/"
+const Path = uipath.Root
 
 // LedgerPath is where ledger's console lives in a fleet's (NewFleet):
-// /ui/ledgers/NAME/.
-func LedgerPath(ledger string) string { return Path + "ledgers/" + ledger + "/" }
+// /ui/ledgers/NAME/ (uipath.Base, which links from elsewhere use).
+func LedgerPath(ledger string) string { return uipath.Base(ledger) }
 
 // ledgerName is what a ledger's name may be (config's rule): it is written
 // into URLs as it is.
@@ -182,7 +183,7 @@ func newPages(cfg Config) (*Handler, error) {
 	h.cfg.ExactBelow = cmp.Or(cfg.ExactBelow, DefaultExactBelow)
 	h.cfg.PageSize = cmp.Or(cfg.PageSize, 50)
 	var err error
-	if h.pages, err = parsePages(h.base); err != nil {
+	if h.pages, err = parsePages(cfg.Ledger); err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()

@@ -77,7 +77,7 @@ func NewFleet(front Config, ledgers []FleetLedger) (*Fleet, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	pages, err := parsePages(Path)
+	pages, err := parsePages("")
 	if err != nil {
 		return nil, err
 	}
@@ -306,22 +306,4 @@ func OperatorsOn(ops map[string][]string, ledger string) (map[string][]Action, e
 		}
 	}
 	return out, nil
-}
-
-// KeyPath is key's page in ledger's console ("": the one ledger's, at
-// Path), for links from elsewhere (Slack's): the path, to be put after
-// console.public_url.
-func KeyPath(ledger, key string) string { return keyURLAt(basePath(ledger), key) }
-
-// ChecksPath is tool's self-checks in ledger's console ("": the one
-// ledger's), for links from elsewhere.
-func ChecksPath(ledger, tool string) string {
-	return basePath(ledger) + "checks#tool-" + url.PathEscape(tool)
-}
-
-func basePath(ledger string) string {
-	if ledger == "" {
-		return Path
-	}
-	return LedgerPath(ledger)
 }

@@ -19,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ledgerkeeper/ledgerkeeper/alerts"
+	"github.com/ledgerkeeper/ledgerkeeper/console/uipath"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/operator"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
@@ -60,15 +61,14 @@ var funcs = template.FuncMap{
 }
 
 // keyURL is key's page.
-func (h *Handler) keyURL(key string) string { return keyURLAt(h.base, key) }
+func (h *Handler) keyURL(key string) string { return uipath.Key(h.cfg.Ledger, key) }
 
-func keyURLAt(base, key string) string { return base + "key?key=" + url.QueryEscape(key) }
-
-// parsePages parses every page with base as the console's path.
-func parsePages(base string) (map[string]*template.Template, error) {
+// parsePages parses every page of ledger's console ("": the one ledger's),
+// its links under uipath.Base(ledger).
+func parsePages(ledger string) (map[string]*template.Template, error) {
 	fm := maps.Clone(funcs)
-	fm["keyURL"] = func(key string) string { return keyURLAt(base, key) }
-	fm["base"] = func() string { return base }
+	fm["keyURL"] = func(key string) string { return uipath.Key(ledger, key) }
+	fm["base"] = func() string { return uipath.Base(ledger) }
 	pages := map[string]*template.Template{}
 	names, err := fs.Glob(templateFS, "templates/*.html")
 	if err != nil {
