@@ -61,6 +61,9 @@ func newDispatcherFor(cfg *config.Config, ledger string, pool store.Pool, metric
 		RunbookURL:        cfg.Alerts.RunbookURL,
 		// Each key links to its page in the web console.
 		ConsoleURL: cfg.Console.PublicURL,
+		// In a process that keeps several ledgers: every message names
+		// its ledger, every control carries it.
+		Ledger: ledger,
 		// Probe errors in messages lose every configured secret.
 		Redactor: cfg.Redactor(),
 		// Buttons only when a transport handles them (Settle refuses

@@ -53,6 +53,7 @@ func (a *app) serveFleet(ctx context.Context, migrate, runAtStart bool) error {
 	var services []daemon.Service
 	var jobs []daemon.Job
 	var targets []daemon.LedgerTarget
+	parts := map[string]*ledgerParts{}
 	ready := map[string]func(context.Context) error{}
 	quiet := []func(error) bool{}
 	for _, l := range a.targets() {
@@ -96,12 +97,13 @@ func (a *app) serveFleet(ctx context.Context, migrate, runAtStart bool) error {
 		for _, j := range lp.jobs {
 			jobs = append(jobs, gate.wrap(j))
 		}
+		parts[l.Name] = lp
 		targets = append(targets, daemon.LedgerTarget{Name: l.Name, Config: l.Config, Pool: pool, Windows: lp.eng.Windows})
 		health, raw, schema := db.health, db.raw, pool.schema
 		ready[l.Name] = func(ctx context.Context) error { return ledgerReady(ctx, health, raw, schema) }
 		llog.Info("ledger started", "database", db.label, "schema", schemaShown(pool.schema), "tools", len(l.ToolNames()), "schema_current", gate.ok.Load())
 	}
-	routes, fleetServices, err := a.fleetFrontEnds(targets, logger)
+	routes, fleetServices, err := a.fleetFrontEnds(targets, parts, logger)
 	if err != nil {
 		return err
 	}
@@ -137,8 +139,33 @@ func (a *app) serveFleet(ctx context.Context, migrate, runAtStart bool) error {
 
 // fleetFrontEnds are the process-wide parts over every started ledger: the
 // console's routes and Slack's actions.
-func (a *app) fleetFrontEnds(targets []daemon.LedgerTarget, logger *slog.Logger) (map[string]http.Handler, []daemon.Service, error) {
-	return nil, nil, nil
+func (a *app) fleetFrontEnds(targets []daemon.LedgerTarget, parts map[string]*ledgerParts, logger *slog.Logger) (map[string]http.Handler, []daemon.Service, error) {
+	// Slack actions (alerts.slack.interactive): one handler over every
+	// ledger, each action on the ledger its control names.
+	inter, err := daemon.BuildFleetInteractivity(a.all, targets, logger.With("component", "interact"))
+	if err != nil {
+		return nil, nil, &configError{err}
+	}
+	if inter != nil {
+		logger.Info("slack actions on", inter.LogAttrs(a.all)...)
+	}
+	// The console: /ui/ lists the ledgers, /ui/ledgers/NAME/ is each one's.
+	clog := logger.With("component", "console")
+	byName := map[string]daemon.LedgerTarget{}
+	for _, t := range targets {
+		byName[t.Name] = t
+	}
+	routes, err := daemon.FleetConsoleRoutes(a.all, targets, clog, inter.Routes(), func(name string) []daemon.ConsoleOption {
+		t, lp := byName[name], parts[name]
+		return []daemon.ConsoleOption{
+			daemon.WithProbePauses(lp.eng.ProbePauses),
+			daemon.WithRun(daemon.ConsoleRun(t.Config, t.Pool, a.registry(), lp.eng, clog.With("ledger", name))),
+		}
+	})
+	if err != nil {
+		return nil, nil, &configError{err}
+	}
+	return routes, inter.Services(), nil
 }
 
 // databaseLabel names a database in metrics and logs: host:port/dbname,

@@ -47,6 +47,10 @@ func (c *Config) Ledgers() []Ledger {
 	return c.ledgers
 }
 
+// LedgerName is the name of the ledger this configuration is the whole
+// configuration of (a ledgers.NAME entry's), "" for the file's top level.
+func (c *Config) LedgerName() string { return c.ledgerName }
+
 // Fleet says whether the configuration has a ledgers section.
 func (c *Config) Fleet() bool { return len(c.ledgers) > 0 }
 

@@ -55,12 +55,8 @@ func validateConsole(c *config.Config) []*config.Error {
 
 // inheritsConsole says whether c is one ledger's configuration of a fleet's:
 // its console section is the top level's, whose own check names the
-// ledgers a grant may be limited to (c knows only itself). Such a
-// configuration places its errors under ledgers.NAME, or says the ledger
-// inherits the setting: the path it shows is not the one asked for.
-func inheritsConsole(c *config.Config) bool {
-	return c.ErrorAt("console", "").Path != "console"
-}
+// ledgers a grant may be limited to (c knows only itself).
+func inheritsConsole(c *config.Config) bool { return c.LedgerName() != "" }
 
 // consoleUsers gathers console.users and console.users_file; an error is
 // located at the setting (and the file's line) that is wrong. A hash never
