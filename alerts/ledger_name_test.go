@@ -204,3 +204,25 @@ func TestDispatcherRefusesABadLedgerName(t *testing.T) {
 	}
 	Config{Ledger: "billing"}.withDefaults().mustValidate()
 }
+
+// A named ledger's message links each key, and a tool's alert the tool's
+// self-checks, to that ledger's pages of the fleet's console
+// (/ui/ledgers/NAME/), values escaped as for one ledger.
+func TestNamedLedgerLinksToItsConsolePages(t *testing.T) {
+	r := newRenderer(testRunbook, 20).withConsole("https://lk.example.com/").withLedger("billing")
+	items := fixtureItems()
+	items[0].key = "ord-7|<evil>&x"
+	_, texts := messageTexts(t, r.render(KindFiring, ReasonProbeFailing, items, fixtureNow))
+	all := strings.Join(texts, "\n")
+	if want := "<https://lk.example.com/ui/ledgers/billing/key?key=ord-7%7C%3Cevil%3E%26x|open in the console>"; !strings.Contains(all, want) {
+		t.Errorf("no link %q in:\n%s", want, all)
+	}
+	if strings.Contains(all, "lk.example.com/ui/key?") {
+		t.Errorf("a link to the one ledger's pages in a named ledger's message:\n%s", all)
+	}
+	tool := item{reason: ReasonDownstreamUnreachable, tool: "tickets"}
+	_, texts = messageTexts(t, r.render(KindFiring, ReasonDownstreamUnreachable, []item{tool}, fixtureNow))
+	if want := "<https://lk.example.com/ui/ledgers/billing/checks#tool-tickets|open the tool in the console>"; !strings.Contains(strings.Join(texts, "\n"), want) {
+		t.Errorf("tool alert: no link %q in:\n%s", want, strings.Join(texts, "\n"))
+	}
+}

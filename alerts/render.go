@@ -10,6 +10,7 @@ import (
 
 	"github.com/slack-go/slack"
 
+	"github.com/ledgerkeeper/ledgerkeeper/console/uipath"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 )
@@ -163,17 +164,19 @@ func (r renderer) withConsole(base string) renderer {
 	return r
 }
 
-// consoleRef links a key to its page in the console: the key travels as a
-// query value, escaped, so no character of it can end the link.
+// consoleRef links a key to its page in the console (its ledger's pages
+// in a fleet's console: uipath.Key): the key travels as a query value,
+// escaped, so no character of it can end the link.
 func (r renderer) consoleRef(key string) string {
-	return "<" + escape(r.consoleURL+"/ui/key?key="+url.QueryEscape(key)) + "|open in the console>"
+	return "<" + escape(r.consoleURL+uipath.Key(r.ledger, key)) + "|open in the console>"
 }
 
 // consoleToolRef links an alert about a tool (no key: its probe, its
 // self-check, its downstream) to the tool's section of the console's
-// self-checks page, the name escaped so that it cannot end the link.
+// self-checks page (its ledger's: uipath.Checks), the name escaped so that
+// it cannot end the link.
 func (r renderer) consoleToolRef(tool string) string {
-	return "<" + escape(r.consoleURL+"/ui/checks#tool-"+url.PathEscape(tool)) + "|open the tool in the console>"
+	return "<" + escape(r.consoleURL+uipath.Checks(r.ledger, tool)) + "|open the tool in the console>"
 }
 
 // runbookRef is the runbook section for a reason: a link from our own
