@@ -105,7 +105,8 @@
 //
 // Config.Ledger names the ledger of a process that keeps several: its
 // messages say so (the header ends "· ledger NAME", the text fallback
-// starts "Ledger NAME:", every command carries --ledger NAME) and every
+// starts "Ledger NAME:", every command carries --ledger NAME, console
+// links open the ledger's pages, console/uipath) and every
 // control's value is ControlValue, "NAME|KEY", which interact routes to
 // that ledger (ParseLedgerValue). Empty, messages and values are exactly
 // those of a single ledger.
