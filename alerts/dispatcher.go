@@ -19,7 +19,6 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/internal/lease"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/safetext"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
-	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // Defaults of Config, used where a field is zero.
@@ -171,7 +170,7 @@ func (c Config) mustValidate() {
 // calls on one Dispatcher run one after the other; any number of
 // Dispatchers (replicas) may run at once. See doc.go.
 type Dispatcher struct {
-	pool     store.Pool
+	pool     DBTX
 	cfg      Config
 	notifier Notifier
 	logger   *slog.Logger
@@ -187,7 +186,7 @@ type Dispatcher struct {
 
 // New returns a Dispatcher. pool must be a pool, not a transaction: a
 // claim commits before anything is posted. logger and metrics may be nil.
-func New(pool store.Pool, cfg Config, notifier Notifier, logger *slog.Logger, metrics *Metrics) *Dispatcher {
+func New(pool DBTX, cfg Config, notifier Notifier, logger *slog.Logger, metrics *Metrics) *Dispatcher {
 	if pool == nil || notifier == nil {
 		panic("alerts: New needs a pool and a notifier")
 	}

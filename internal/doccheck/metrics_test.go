@@ -108,7 +108,7 @@ var (
 	// {name} is a family the text talks about, not one metric.
 	metricRE   = regexp.MustCompile(`ledgerkeeper_[a-z0-9_]*[a-z0-9](\{[^}]*\})?`)
 	matcherRE  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)`)
-	notMetrics = map[string]bool{"ledgerkeeper_runs": true, "ledgerkeeper_citus_layout": true} // tables
+	notMetrics = map[string]bool{"ledgerkeeper_runs": true, "ledgerkeeper_citus_layout": true, "ledgerkeeper_schema_migrations": true} // tables
 )
 
 // lookup finds a name as registered, or as a histogram's or summary's
