@@ -369,3 +369,46 @@ ledgers:
 		return code == http.StatusOK && strings.HasPrefix(body, "ready\n")
 	}, 10*time.Second, "/readyz to say every ledger is ready")
 }
+
+// `ledgerkeeper console` with a ledgers section serves every ledger:
+// /ui/ lists them, each ledger's keys page shows its own keys only, and a
+// ledger whose schema is missing is left out while the others are served.
+func TestConsoleCommandServesEveryLedger(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+	cfg := writeFile(t, "fleet.yaml", `console: {auth: none}
+ledgers:
+  billing:
+    schema: billing
+  support:
+    schema: support
+  missing:
+    schema: missing
+`)
+	for _, l := range []string{"billing", "support"} {
+		if code, out, errOut := cli(t, "migrate", "--config", cfg, "--database-url", db.URL, "--ledger", l); code != 0 {
+			t.Fatalf("migrate %s: %d %s %s", l, code, out, errOut)
+		}
+	}
+	billing := fleetLedger{"billing", "billing", db.Pool}
+	support := fleetLedger{"support", "support", db.Pool}
+	for _, l := range []fleetLedger{billing, support} {
+		l.exec(t, `INSERT INTO `+l.table("idempotency_keys")+` (key, tool, request_hash, created_at, claimed_at, expires_at)
+			VALUES ($1, 'create_ticket', 'h', now() - interval '1 hour', now() - interval '1 hour', now() + interval '1 day')`, "k-"+l.name)
+	}
+	addr := freeAddr(t)
+	runInBackground(t, "console", "--config", cfg, "--database-url", db.URL, "--listen", addr)
+	base := "http://" + addr
+	waitListening(t, base+"/ui/")
+	code, page := httpDo(t, http.MethodGet, base+"/ui/", "", "", nil)
+	if code != http.StatusOK || !strings.Contains(page, "/ui/ledgers/billing/") || !strings.Contains(page, "/ui/ledgers/support/") {
+		t.Errorf("/ui/: %d\n%s", code, page)
+	}
+	code, page = httpDo(t, http.MethodGet, base+"/ui/ledgers/billing/keys?stuck=1&tool=create_ticket", "", "", nil)
+	if code != http.StatusOK || !strings.Contains(page, "k-billing") || strings.Contains(page, "k-support") {
+		t.Errorf("billing's keys: %d\n%s", code, page)
+	}
+	if code, _ := httpDo(t, http.MethodGet, base+"/ui/ledgers/missing/", "", "", nil); code != http.StatusNotFound {
+		t.Errorf("the ledger without a schema: %d, want 404 (left out)", code)
+	}
+}
