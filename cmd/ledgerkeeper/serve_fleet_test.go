@@ -267,7 +267,7 @@ ledgers:
 		{[]string{"reconcile", "--config", cfg}, "this configuration keeps 2 ledgers (billing, support): choose one with --ledger NAME"},
 		{[]string{"inspect", "k", "--config", cfg}, "choose one with --ledger NAME"},
 		{[]string{"reconcile", "--config", cfg, "--ledger", "biling"}, `--ledger: no ledger "biling" in the configuration (did you mean "billing"?)`},
-		{[]string{"status", "--config", cfg, "--ledger", "suport"}, `did you mean "support"?`},
+		{[]string{"status", "--config", cfg, "--ledger", "supprt"}, `did you mean "support"?`},
 	} {
 		var out, errb strings.Builder
 		code := run(context.Background(), tc.args, &out, &errb)

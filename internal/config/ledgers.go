@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"regexp"
@@ -142,7 +143,8 @@ func (c *Config) decodeLedgers(n, root *yaml.Node, env LookupEnv) Errors {
 		}
 		lc.ownURL = ownURL
 		if err := lc.finish(lenv); err != nil {
-			if more, ok := err.(Errors); ok {
+			var more Errors
+			if errors.As(err, &more) {
 				for _, e := range more {
 					if lc.own(e.Line) {
 						errs = append(errs, e)

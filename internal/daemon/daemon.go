@@ -103,10 +103,10 @@ type Service interface {
 // Daemon is the serve loop. Start it once; Stop is safe before Start and
 // more than once.
 type Daemon struct {
-	cfg     Config
-	cron    *cron.Cron
-	srv     *http.Server
-	ln      net.Listener
+	cfg  Config
+	cron *cron.Cron
+	srv  *http.Server
+	ln   net.Listener
 	// metrics are the series of the jobs of no named ledger (registered
 	// only when there are such jobs, or none at all).
 	metrics *jobMetrics
@@ -195,8 +195,8 @@ func New(cfg Config) (*Daemon, error) {
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 30*time.Second)
 	parser := cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 	d := &Daemon{
-		cfg:     cfg,
-		cron:    cron.New(cron.WithParser(parser), cron.WithLogger(&cronLogger{log: cfg.Logger})),
+		cfg:  cfg,
+		cron: cron.New(cron.WithParser(parser), cron.WithLogger(&cronLogger{log: cfg.Logger})),
 	}
 	for _, j := range cfg.Jobs {
 		if _, err := parser.Parse(j.Spec); err != nil {
