@@ -39,13 +39,21 @@ const Install = "apt-get install postgresql-15 postgresql-15-auto-failover pg-au
 // to demote itself: about 50 s from a kill -9 to a new primary) so that an
 // unplanned failover takes seconds. The planned one does not depend on
 // them.
+//
+// Not shorter than this: a secondary the monitor wrongly finds unhealthy
+// (a check or a report late on a loaded two-core machine) turns the
+// primary to wait_primary, which commits without waiting for the
+// standby, and a failover then can lose commits the primary acknowledged
+// (seen once in CI: calls acknowledged by the tool server with no row on
+// the new primary after the planned switchover). Checks get 3 s and two
+// retries, and a node is unhealthy after 10 s without a report.
 var MonitorSettings = map[string]string{
 	"pgautofailover.health_check_period":               "1000",
-	"pgautofailover.health_check_timeout":              "1000",
-	"pgautofailover.health_check_retry_delay":          "500",
-	"pgautofailover.health_check_max_retries":          "1",
-	"pgautofailover.node_considered_unhealthy_timeout": "3000",
-	"pgautofailover.primary_demote_timeout":            "3000",
+	"pgautofailover.health_check_timeout":              "3000",
+	"pgautofailover.health_check_retry_delay":          "1000",
+	"pgautofailover.health_check_max_retries":          "2",
+	"pgautofailover.node_considered_unhealthy_timeout": "10000",
+	"pgautofailover.primary_demote_timeout":            "5000",
 }
 
 // proc is a child process group we started.
@@ -473,7 +481,42 @@ func Start(t testing.TB) *Formation {
 		t.Fatalf("hatest: start a pg_auto_failover formation (%s): %v", Install, err)
 	}
 	t.Cleanup(f.Stop)
+	t.Cleanup(func() {
+		if t.Failed() {
+			// Cleanups run last first: the formation is still up.
+			t.Logf("pg_auto_failover's events:\n%s\n%s", f.Events(), f.Logs())
+		}
+	})
 	return f
+}
+
+// Events are the monitor's state changes, oldest first (a wait_primary
+// among them says the primary committed without its standby for a while).
+func (f *Formation) Events() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, f.MonitorURL())
+	if err != nil {
+		return "events: " + err.Error()
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT eventtime::text, nodename, reportedstate::text, goalstate::text, description
+		FROM pgautofailover.event ORDER BY eventid`)
+	if err != nil {
+		return "events: " + err.Error()
+	}
+	var b strings.Builder
+	for rows.Next() {
+		var at, node, reported, goal, desc string
+		if err := rows.Scan(&at, &node, &reported, &goal, &desc); err != nil {
+			return "events: " + err.Error()
+		}
+		fmt.Fprintf(&b, "%s %s %s→%s %s\n", at, node, reported, goal, desc)
+	}
+	if err := rows.Err(); err != nil {
+		return "events: " + err.Error()
+	}
+	return b.String()
 }
 
 func removeAll(dir string) error { return os.RemoveAll(dir) }
