@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	neturl "net/url"
 	"os"
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
@@ -30,7 +33,7 @@ import (
 )
 
 // The variants of lkbench fleet, each run once per round in rotating
-// order.
+// order. --variants names them; a name is parsed by parseFleetVariant.
 const (
 	// variantSingle: every stuck key in one ledger (the default schema of
 	// its own database), one engine.
@@ -51,29 +54,101 @@ const (
 // connection: the hung ledger gets a fresh pool for every pass.
 const hangTrigger = "FOR NO KEY UPDATE OF k"
 
+// fleetConfig is how one variant's engines reach their ledgers: its pools
+// and their connections' settings.
+type fleetConfig struct {
+	name   string
+	single bool
+	// perLedger: a pool per ledger, its connections seeing that ledger's
+	// statements only; otherwise one per database, shared by its ledgers.
+	perLedger bool
+	// conns is each pool's MaxConns (and MinConns); 0: --max-conns.
+	conns int32
+	// generic sets plan_cache_mode=force_generic_plan on every connection.
+	generic bool
+	// describe makes pgx's QueryExecModeCacheDescribe the default: no
+	// statement prepared by name, each execution planned.
+	describe bool
+}
+
+// parseFleetVariant parses a variant's name: single or fleet, then any of
+//
+//	/db:N      one pool per database of N connections, shared by its
+//	           ledgers (single: its one pool of N)
+//	/ledger:N  (fleet only) one pool per ledger of N connections
+//	+generic   plan_cache_mode=force_generic_plan on every connection
+//	+describe  pgx.QueryExecModeCacheDescribe as the pools' default mode
+//
+// so fleet/ledger:4, fleet/db:72, single+generic.
+func parseFleetVariant(s string) (fleetConfig, error) {
+	c := fleetConfig{name: s}
+	base, rest := s, ""
+	if i := strings.IndexAny(s, "/+"); i >= 0 {
+		base, rest = s[:i], s[i:]
+	}
+	switch base {
+	case variantSingle:
+		c.single = true
+	case variantFleet:
+	default:
+		return c, fmt.Errorf("variant %q: a variant is single or fleet, then any of /db:N, /ledger:N, +generic, +describe", s)
+	}
+	for rest != "" {
+		tok := rest
+		if j := strings.IndexAny(rest[1:], "/+"); j >= 0 {
+			tok, rest = rest[:j+1], rest[j+1:]
+		} else {
+			rest = ""
+		}
+		switch {
+		case tok == "+generic":
+			c.generic = true
+		case tok == "+describe":
+			c.describe = true
+		case strings.HasPrefix(tok, "/db:") || strings.HasPrefix(tok, "/ledger:"):
+			kind, num, _ := strings.Cut(tok[1:], ":")
+			n, err := strconv.ParseInt(num, 10, 32)
+			if err != nil || n < 1 || n > 1000 {
+				return c, fmt.Errorf("variant %q: %s wants a number of connections from 1 to 1000", s, tok)
+			}
+			if kind == "ledger" && c.single {
+				return c, fmt.Errorf("variant %q: the single ledger has one pool: /db:N", s)
+			}
+			c.perLedger, c.conns = kind == "ledger", int32(n)
+		default:
+			return c, fmt.Errorf("variant %q: unknown part %q (want /db:N, /ledger:N, +generic or +describe)", s, tok)
+		}
+	}
+	return c, nil
+}
+
 // runFleet measures one process keeping many ledgers: reconcile passes of
 // a fleet of ledgers (schemas of two databases, one engine each, all at
 // once) against the same stuck keys in one ledger, and the fleet's passes
-// with and without a ledger whose database hangs mid-pass.
+// with and without a ledger whose database hangs mid-pass. --variants adds
+// other ways of reaching the same ledgers (pools per ledger, larger pools,
+// plan_cache_mode), each measured in the same rounds.
 func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		nLedgers    = fs.Int("ledgers", 50, "ledgers of the fleet, each a schema")
-		nDatabases  = fs.Int("databases", 2, "databases the fleet's ledgers are spread over; each has one pool, shared by its ledgers")
-		keys        = fs.Int("keys", 1000, "stuck keys per pass: spread evenly over the fleet's ledgers, or all in the single ledger")
-		concurrency = fs.Int("concurrency", 32, "reconcile.concurrency of every engine: the single ledger's, each fleet ledger's and the hung ledger's")
-		capacity    = fs.Int("downstream-capacity", -1, "lookups the downstream serves at once, the others waiting their turn (default: --concurrency, so the fleet and the single ledger have the same ideal rate; 0: no bound)")
-		maxConns    = fs.Int("max-conns", 0, "connections of each database's pool (default: --concurrency+4, the daemon's default for one ledger)")
-		latency     = fs.Duration("latency", 20*time.Millisecond, "the downstream's answer time")
-		passes      = fs.Int("passes", 3, "measured rounds, each running every variant once in rotating order, after a warm-up pass of single and fleet")
-		bracket     = fs.String("bracket", bracketOff, "the self-check bracket around each batch of verdicts: off (a stored check vouches, a daemon's usual pass) or on (every ledger checks its probe in every pass)")
-		hang        = fs.Bool("hang", true, "also run the fleet beside a ledger whose database hangs mid-pass")
-		hangTimeout = fs.Duration("hang-timeout", 3*time.Second, "the context timeout of the hung ledger's pass")
-		hangWait    = fs.Duration("hang-wait", 25*time.Second, "how long past its timeout the hung ledger's pass may run before its database answers again (the overshoot is reported)")
-		warmup      = fs.Int("warmup", 1, "warm-up passes of single and of fleet before the measured rounds (a fleet ledger's statements reach a connection's generic plan only after several passes)")
-		stmtCache   = fs.Int("statement-cache", 0, "pgx statement_cache_capacity of the engines' pools (0: pgx's default, 512 per connection)")
-		jsonOut     = fs.String("json", "", "also write the results as JSON to FILE")
+		nLedgers     = fs.Int("ledgers", 50, "ledgers of the fleet, each a schema")
+		nDatabases   = fs.Int("databases", 2, "databases the fleet's ledgers are spread over; each has one pool, shared by its ledgers")
+		keys         = fs.Int("keys", 1000, "stuck keys per pass: spread evenly over the fleet's ledgers, or all in the single ledger")
+		concurrency  = fs.Int("concurrency", 32, "reconcile.concurrency of every engine: the single ledger's, each fleet ledger's and the hung ledger's")
+		capacity     = fs.Int("downstream-capacity", -1, "lookups the downstream serves at once, the others waiting their turn (default: --concurrency, so the fleet and the single ledger have the same ideal rate; 0: no bound)")
+		maxConns     = fs.Int("max-conns", 0, "connections of each pool whose variant names none (default: --concurrency+4, the daemon's default for one ledger)")
+		variantsFlag = fs.String("variants", variantSingle+","+variantFleet, "variants measured in every round, comma-separated: single or fleet, then any of /db:N (a pool per database of N connections), /ledger:N (a pool per ledger of N), +generic (plan_cache_mode=force_generic_plan), +describe (pgx QueryExecModeCacheDescribe); e.g. single,single+generic,fleet,fleet/ledger:4,fleet/db:72,fleet+generic. Ratios are against the first single variant")
+		latency      = fs.Duration("latency", 20*time.Millisecond, "the downstream's answer time")
+		passes       = fs.Int("passes", 3, "measured rounds, each running every variant once in rotating order, after the warm-up passes")
+		bracket      = fs.String("bracket", bracketOff, "the self-check bracket around each batch of verdicts: off (a stored check vouches, a daemon's usual pass) or on (every ledger checks its probe in every pass)")
+		hang         = fs.Bool("hang", true, "also run the fleet beside a ledger whose database hangs mid-pass (needs the fleet variant)")
+		hangTimeout  = fs.Duration("hang-timeout", 3*time.Second, "the context timeout of the hung ledger's pass")
+		hangWait     = fs.Duration("hang-wait", 25*time.Second, "how long past its timeout the hung ledger's pass may run before its database answers again (the overshoot is reported)")
+		warmup       = fs.Int("warmup", 1, "warm-up passes of every variant before the measured rounds (a fleet ledger's statements reach a connection's generic plan only after several passes)")
+		reload       = fs.String("reload", reloadTruncate, "how a pass's keys replace the last pass's: truncate (TRUNCATE, then VACUUM ANALYZE: every table gets a new file and new statistics, so every connection's cached plans and catalog entries for it are invalidated before every pass) or delete (DELETE and no VACUUM ANALYZE after the first load: the caches a long-running daemon keeps between passes survive; autovacuum runs as it would)")
+		stmtCache    = fs.Int("statement-cache", 0, "pgx statement_cache_capacity of the engines' pools (0: pgx's default, 512 per connection)")
+		jsonOut      = fs.String("json", "", "also write the results as JSON to FILE")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -87,6 +162,28 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("--concurrency and --passes must be at least 1, --latency and --hang-timeout positive, --max-conns, --hang-wait, --warmup and --statement-cache not negative")
 	case *bracket != bracketOn && *bracket != bracketOff:
 		return fmt.Errorf("--bracket must be on or off, not %q", *bracket)
+	case *reload != reloadTruncate && *reload != reloadDelete:
+		return fmt.Errorf("--reload must be truncate or delete, not %q", *reload)
+	}
+	var cfgs []fleetConfig
+	var variants []string
+	for v := range strings.SplitSeq(*variantsFlag, ",") {
+		v = strings.TrimSpace(v)
+		c, err := parseFleetVariant(v)
+		if err != nil {
+			return fmt.Errorf("--variants: %w", err)
+		}
+		if slices.Contains(variants, v) {
+			return fmt.Errorf("--variants: %s twice", v)
+		}
+		cfgs, variants = append(cfgs, c), append(variants, v)
+	}
+	baseline := slices.IndexFunc(cfgs, func(c fleetConfig) bool { return c.single })
+	switch {
+	case baseline < 0:
+		return errors.New("--variants: name at least one single variant, the ratios' baseline")
+	case *hang && !slices.Contains(variants, variantFleet):
+		return errors.New("--hang runs beside the fleet variant: add fleet to --variants, or --hang=false")
 	}
 	if *capacity < 0 {
 		*capacity = *concurrency
@@ -106,25 +203,38 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer ds.stop()
-	srv, err := startEphemeral(ctx, true, logf)
+	b := &fleetBench{keys: *keys, perLedger: *keys / *nLedgers, concurrency: *concurrency, maxConns: int32(*maxConns), //nolint:gosec // G115: a benchmark flag; a pool beyond int32 is not a benchmark anyone runs
+		stmtCache: *stmtCache, reload: *reload, bracket: *bracket, hangTimeout: *hangTimeout, hangWait: *hangWait, ds: ds, logs: devNull, logf: logf,
+		setups: map[string]*fleetSetup{}}
+	defer b.close()
+	// Every variant's pools stay open for the whole run (a connection's
+	// prepared statements are what some variants are about): the server
+	// must admit all of them at once.
+	need := 64
+	for _, c := range cfgs {
+		need += int(b.connsOf(c)) * b.poolsOf(c, *nLedgers, *nDatabases)
+	}
+	if *hang {
+		need += *maxConns
+	}
+	srv, err := startFleetServer(ctx, max(400, need), logf)
 	if err != nil {
 		return err
 	}
 	defer srv.stop()
-
-	b := &fleetBench{keys: *keys, perLedger: *keys / *nLedgers, concurrency: *concurrency, maxConns: int32(*maxConns), //nolint:gosec // G115: a benchmark flag; a pool beyond int32 is not a benchmark anyone runs
-		stmtCache: *stmtCache, bracket: *bracket, hangTimeout: *hangTimeout, hangWait: *hangWait, ds: ds, srv: srv, logs: devNull, logf: logf}
-	defer b.close()
-	if err := b.setup(ctx, *nLedgers, *nDatabases, *hang); err != nil {
+	b.srv = srv
+	if err := b.setup(ctx, *nLedgers, *nDatabases, *hang, cfgs); err != nil {
 		return err
 	}
 
-	variants := []string{variantSingle, variantFleet}
 	if *hang {
 		variants = append(variants, variantHung)
 	}
 	for i := range *warmup {
-		for _, v := range variants[:2] {
+		for _, v := range variants {
+			if v == variantHung {
+				continue
+			}
 			logf("%s: warm-up pass %d", v, i+1)
 			if _, err := b.pass(ctx, v); err != nil {
 				return err
@@ -143,8 +253,9 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 			r.Round = i + 1
 			runs[v] = append(runs[v], r)
-			logf("round %d, %s: %.0f keys/s, pass %.2fs%s, %.0f µs CPU/key, peak RSS %.0f MiB, load %s",
-				i+1, v, r.KeysPerSec, r.Seconds, hungText(r.Hung), (r.GoCPU+r.PGCPU).Seconds()*1e6/float64(r.Keys), float64(r.PeakRSSKiB)/1024, r.Load)
+			logf("round %d, %s: %.0f keys/s, pass %.2fs%s, %.0f µs CPU/key, %.2f plans/key, peak RSS %.0f MiB, load %s",
+				i+1, v, r.KeysPerSec, r.Seconds, hungText(r.Hung), (r.GoCPU+r.PGCPU).Seconds()*1e6/float64(r.Keys),
+				float64(r.StatementTotals.Plans)/float64(r.Keys), float64(r.PeakRSSKiB)/1024, r.Load)
 		}
 	}
 	out := fleetReport{Ledgers: *nLedgers, Databases: *nDatabases, Keys: *keys, KeysPerLedger: b.perLedger, Concurrency: *concurrency,
@@ -152,13 +263,26 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		RSSBeforeKiB: rss0, LoadBefore: load0, LoadAfter: loadAvg()}
 	for _, v := range variants {
 		inFlight := min(*concurrency, *keys)
-		if v != variantSingle {
+		if s := b.setups[v]; s == nil || !s.cfg.single {
 			inFlight = *nLedgers * min(*concurrency, b.perLedger)
 		}
 		out.Variants = append(out.Variants, summariseFleet(v, runs[v], idealRate(inFlight, *capacity, *latency)))
 	}
-	out.FleetOverSingle = ratioOf("fleet / single keys/s", runs[variantFleet], runs[variantSingle],
-		func(p fleetPass) float64 { return p.KeysPerSec }, ">= 0.9", func(r float64) bool { return r >= 0.9 })
+	base := variants[baseline]
+	for _, v := range variants {
+		if v == base || v == variantHung {
+			continue
+		}
+		target, met := ">= 0.9", func(r float64) bool { return r >= 0.9 }
+		if b.setups[v].cfg.single {
+			target, met = ">= 0.95 (no regression)", func(r float64) bool { return r >= 0.95 }
+		}
+		r := ratioOf(v+" / "+base+" keys/s", runs[v], runs[base], func(p fleetPass) float64 { return p.KeysPerSec }, target, met)
+		out.Ratios = append(out.Ratios, r)
+		if v == variantFleet && base == variantSingle {
+			out.FleetOverSingle = &r
+		}
+	}
 	if *hang {
 		r := ratioOf("with a hung ledger / without: the fleet's pass seconds (its last ledger's return)", runs[variantHung], runs[variantFleet],
 			func(p fleetPass) float64 { return p.Seconds }, "<= 1.2", func(r float64) bool { return r <= 1.2 })
@@ -175,44 +299,90 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// fleetBench holds the ledgers of every variant.
+// startFleetServer starts the ephemeral cluster of benchSettings admitting
+// maxConns connections.
+func startFleetServer(ctx context.Context, maxConns int, logf func(string, ...any)) (*server, error) {
+	logf("starting an ephemeral durable PostgreSQL cluster (fsync on, max_connections %d)", maxConns)
+	settings := maps.Clone(benchSettings)
+	// pgembed passes its own max_connections first: a later -c wins.
+	settings["max_connections"] = strconv.Itoa(maxConns)
+	srv, err := pgembed.Start(ctx, pgembed.Options{Durable: true, Settings: settings, StartTimeout: 2 * time.Minute})
+	if err != nil {
+		return nil, err
+	}
+	return &server{adminURL: srv.URL, stop: srv.Stop}, nil
+}
+
+// fleetBench holds the ledgers, and every variant's pools and engines on
+// them.
 type fleetBench struct {
 	keys, perLedger, concurrency int
 	maxConns                     int32
 	stmtCache                    int
+	reload                       string
 	bracket                      string
 	hangTimeout, hangWait        time.Duration
 	ds                           *downstreamProc
 	srv                          *server
-	logs                         io.Writer
-	logf                         func(string, ...any)
-	closers                      []func()
+	// singleLoaded and fleetLoaded: a load has truncated and analysed
+	// the ledgers once (--reload delete reloads without either after).
+	singleLoaded, fleetLoaded bool
+	logs                      io.Writer
+	logf                      func(string, ...any)
+	closers                   []func()
 
 	pg *pgCPU
-	// dbs are the fleet's databases, each with its pool and ledgers.
+	// dbs are the fleet's databases, ledgers its ledgers in order (each
+	// database's in turn).
 	dbs     []*fleetDB
 	ledgers []*fleetLedger
-	// single is the one ledger, in the default schema of its database.
-	single       *pgxpool.Pool
-	singleEngine *reconcile.Engine
-	hung         *hungLedger
+	// single is a small pool on the single ledger's database (the default
+	// schema), for loading its keys, checking its verdicts and reading
+	// pg_stat_statements: no variant's.
+	single      *pgxpool.Pool
+	singleURL   string
+	singleProbe probes.Probe
+	// setups are the variants' pools and engines, by variant.
+	setups map[string]*fleetSetup
+	hung   *hungLedger
 }
 
-// fleetDB is one of the fleet's databases: one pool, shared by its
-// ledgers, as a process keeping them holds it.
+// fleetDB is one of the fleet's databases; loader is a small pool of its
+// own for loading keys and checking verdicts, outside every variant's
+// pools (and their statement caches).
 type fleetDB struct {
 	name    string
-	pool    *pgxpool.Pool
+	url     string
+	loader  *pgxpool.Pool
 	ledgers int
 }
 
-// fleetLedger is one ledger of the fleet: a schema of a fleet database, its
-// engine on ledger.InSchema of the database's pool, with a probe of its
-// own (a process builds each ledger's probes from its configuration).
+// fleetLedger is one ledger of the fleet: a schema of a fleet database,
+// with a probe of its own (a process builds each ledger's probes from its
+// configuration), shared by every variant's engine of the ledger (the
+// variants' passes never overlap).
 type fleetLedger struct {
 	name   string // database/schema
-	db     *ledger.SchemaDB
-	engine *reconcile.Engine
+	schema string
+	loader *ledger.SchemaDB
+	probe  probes.Probe
+}
+
+// fleetSetup is a variant's way to its ledgers: its pools, grouped by
+// database, and an engine per ledger (b.ledgers' order) or the single
+// ledger's one.
+type fleetSetup struct {
+	cfg     fleetConfig
+	groups  []poolGroup
+	engines []*reconcile.Engine
+}
+
+// poolGroup is the pools of one database: one shared by its ledgers, or
+// one per ledger.
+type poolGroup struct {
+	name    string
+	pools   []*pgxpool.Pool
+	ledgers int
 }
 
 // hungLedger is a ledger in a database of its own reached through a
@@ -225,6 +395,20 @@ type hungLedger struct {
 	loader   *ledger.SchemaDB // direct, not through the proxy: loads its keys
 	proxy    *hangProxy
 	probe    probes.Probe
+}
+
+// connsOf is the connections of each of c's pools.
+func (b *fleetBench) connsOf(c fleetConfig) int32 { return cmp.Or(c.conns, b.maxConns) }
+
+// poolsOf is how many pools c opens.
+func (b *fleetBench) poolsOf(c fleetConfig, nLedgers, nDatabases int) int {
+	switch {
+	case c.single:
+		return 1
+	case c.perLedger:
+		return nLedgers
+	}
+	return nDatabases
 }
 
 // engineURL is u with the pgx statement cache of --statement-cache.
@@ -242,6 +426,36 @@ func (b *fleetBench) engineURL(u string) string {
 	return parsed.String()
 }
 
+// enginePool opens a pool of an engine of variant c to url, every
+// connection open before it returns. Its connections are the daemon's
+// (application_name ledgerkeeper, jit off: cmd/ledgerkeeper poolConfig),
+// with c's plan_cache_mode and pgx query mode.
+func (b *fleetBench) enginePool(ctx context.Context, url string, c fleetConfig) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(b.engineURL(url))
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = b.connsOf(c)
+	pc.MinConns = pc.MaxConns
+	pc.ConnConfig.RuntimeParams["application_name"] = "ledgerkeeper"
+	pc.ConnConfig.RuntimeParams["jit"] = "off"
+	if c.generic {
+		pc.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	}
+	if c.describe {
+		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	b.closers = append(b.closers, pool.Close)
+	if err := fillPool(ctx, pool); err != nil {
+		return nil, fmt.Errorf("variant %s: open its pool's connections: %w", c.name, err)
+	}
+	return pool, nil
+}
+
 func (b *fleetBench) close() {
 	for i := len(b.closers) - 1; i >= 0; i-- {
 		b.closers[i]()
@@ -250,8 +464,9 @@ func (b *fleetBench) close() {
 
 // setup creates the databases: the first fleet database migrated with
 // one schema per ledger, the others (and the hung ledger's) copied from it
-// as templates; the single ledger's migrated in the default schema.
-func (b *fleetBench) setup(ctx context.Context, nLedgers, nDatabases int, withHung bool) error {
+// as templates; the single ledger's migrated in the default schema. Then
+// every variant's pools and engines.
+func (b *fleetBench) setup(ctx context.Context, nLedgers, nDatabases int, withHung bool, cfgs []fleetConfig) error {
 	counts := make([]int, nDatabases)
 	for i := range nLedgers {
 		counts[i*nDatabases/nLedgers]++
@@ -315,15 +530,14 @@ func (b *fleetBench) setup(ctx context.Context, nLedgers, nDatabases int, withHu
 	}
 	for d, n := range counts {
 		name := fmt.Sprintf("lkbench_fleet_%d", d)
-		pool, err := newPool(ctx, b.engineURL(urls[d]), b.maxConns, "ledgerkeeper")
+		loader, err := newPool(ctx, urls[d], 4, "lkbench-fleet-loader")
 		if err != nil {
 			return err
 		}
-		b.closers = append(b.closers, pool.Close)
-		fdb := &fleetDB{name: name, pool: pool, ledgers: n}
-		b.dbs = append(b.dbs, fdb)
+		b.closers = append(b.closers, loader.Close)
+		b.dbs = append(b.dbs, &fleetDB{name: name, url: urls[d], loader: loader, ledgers: n})
 		for i := range n {
-			sdb, err := ledger.InSchema(pool, fleetSchema(i))
+			sdb, err := ledger.InSchema(loader, fleetSchema(i))
 			if err != nil {
 				return err
 			}
@@ -332,17 +546,15 @@ func (b *fleetBench) setup(ctx context.Context, nLedgers, nDatabases int, withHu
 				return err
 			}
 			b.closers = append(b.closers, closeProbe)
-			l := &fleetLedger{name: name + "/" + fleetSchema(i), db: sdb}
-			l.engine = benchEngine("lkbench-"+l.name, b.concurrency, hp, b.bracket, sdb, b.logs)
-			b.ledgers = append(b.ledgers, l)
+			b.ledgers = append(b.ledgers, &fleetLedger{name: name + "/" + fleetSchema(i), schema: fleetSchema(i), loader: sdb, probe: hp})
 		}
 	}
-	if b.pg, err = newPGCPU(ctx, b.dbs[0].pool); err != nil {
+	if b.pg, err = newPGCPU(ctx, b.dbs[0].loader); err != nil {
 		return err
 	}
 
-	singleURL := pgembed.WithDatabase(b.srv.adminURL, "lkbench_fleet_single")
-	if b.single, err = newPool(ctx, b.engineURL(singleURL), b.maxConns, "ledgerkeeper"); err != nil {
+	b.singleURL = pgembed.WithDatabase(b.srv.adminURL, "lkbench_fleet_single")
+	if b.single, err = newPool(ctx, b.singleURL, 4, "lkbench-fleet-loader"); err != nil {
 		return err
 	}
 	b.closers = append(b.closers, b.single.Close)
@@ -357,7 +569,21 @@ func (b *fleetBench) setup(ctx context.Context, nLedgers, nDatabases int, withHu
 		return err
 	}
 	b.closers = append(b.closers, closeProbe)
-	b.singleEngine = benchEngine("lkbench-single", b.concurrency, hp, b.bracket, b.single, b.logs)
+	b.singleProbe = hp
+
+	for _, c := range cfgs {
+		t0 := time.Now()
+		s, err := b.openSetup(ctx, c)
+		if err != nil {
+			return err
+		}
+		b.setups[c.name] = s
+		n := 0
+		for _, g := range s.groups {
+			n += len(g.pools)
+		}
+		b.logf("%s: %d pools of %d connections open in %s", c.name, n, b.connsOf(c), time.Since(t0).Round(time.Millisecond))
+	}
 
 	if !withHung {
 		return nil
@@ -389,6 +615,51 @@ func (b *fleetBench) setup(ctx context.Context, nLedgers, nDatabases int, withHu
 	h.probe = hp
 	b.hung = h
 	return nil
+}
+
+// openSetup opens variant c's pools and builds its engines.
+func (b *fleetBench) openSetup(ctx context.Context, c fleetConfig) (*fleetSetup, error) {
+	s := &fleetSetup{cfg: c}
+	if c.single {
+		p, err := b.enginePool(ctx, b.singleURL, c)
+		if err != nil {
+			return nil, err
+		}
+		s.groups = []poolGroup{{name: "lkbench_fleet_single", pools: []*pgxpool.Pool{p}, ledgers: 1}}
+		s.engines = []*reconcile.Engine{benchEngine("lkbench-single", b.concurrency, b.singleProbe, b.bracket, p, b.logs)}
+		return s, nil
+	}
+	li := 0
+	for _, d := range b.dbs {
+		g := poolGroup{name: d.name, ledgers: d.ledgers}
+		var shared *pgxpool.Pool
+		if !c.perLedger {
+			p, err := b.enginePool(ctx, d.url, c)
+			if err != nil {
+				return nil, err
+			}
+			shared, g.pools = p, append(g.pools, p)
+		}
+		for range d.ledgers {
+			l := b.ledgers[li]
+			li++
+			pool := shared
+			if c.perLedger {
+				p, err := b.enginePool(ctx, d.url, c)
+				if err != nil {
+					return nil, err
+				}
+				pool, g.pools = p, append(g.pools, p)
+			}
+			sdb, err := ledger.InSchema(pool, l.schema)
+			if err != nil {
+				return nil, err
+			}
+			s.engines = append(s.engines, benchEngine("lkbench-"+l.name, b.concurrency, l.probe, b.bracket, sdb, b.logs))
+		}
+		s.groups = append(s.groups, g)
+	}
+	return s, nil
 }
 
 // awaitNoSessions waits (10 s at most) until no session is connected to
@@ -440,32 +711,38 @@ type ledgerRun struct {
 
 // pass runs one pass of variant over freshly loaded stuck keys.
 func (b *fleetBench) pass(ctx context.Context, variant string) (fleetPass, error) {
-	if variant == variantSingle {
-		return b.passSingle(ctx)
+	if variant == variantHung {
+		return b.passFleet(ctx, b.setups[variantFleet], true)
 	}
-	return b.passFleet(ctx, variant == variantHung)
+	s := b.setups[variant]
+	if s.cfg.single {
+		return b.passSingle(ctx, s)
+	}
+	return b.passFleet(ctx, s, false)
 }
 
-func (b *fleetBench) passSingle(ctx context.Context) (fleetPass, error) {
-	if err := stuckKeys(ctx, b.single, b.keys); err != nil {
+func (b *fleetBench) passSingle(ctx context.Context, s *fleetSetup) (fleetPass, error) {
+	variant := s.cfg.name
+	if err := stuckKeys(ctx, b.loader(b.single, b.singleLoaded), b.keys); err != nil {
 		return fleetPass{}, err
 	}
-	m, err := b.startMeasure(ctx, []*pgxpool.Pool{b.single}, []string{"lkbench_fleet_single"}, []int{1})
+	b.singleLoaded = true
+	m, err := b.startMeasure(ctx, s.groups)
 	if err != nil {
 		return fleetPass{}, err
 	}
 	start := time.Now()
-	rep, err := b.singleEngine.Run(ctx, reconcile.Options{})
+	rep, err := s.engines[0].Run(ctx, reconcile.Options{})
 	el := time.Since(start)
-	res := m.stop(ctx, variantSingle, b.keys, el)
+	res := m.stop(ctx, variant, b.keys, el)
 	if err != nil {
-		return res, fmt.Errorf("single ledger's pass: %w", err)
+		return res, fmt.Errorf("%s: the single ledger's pass: %w", variant, err)
 	}
 	if err := checkPass(rep, b.keys, b.bracket); err != nil {
-		return res, fmt.Errorf("single ledger: %w", err)
+		return res, fmt.Errorf("%s: single ledger: %w", variant, err)
 	}
 	if err := checkDecided(ctx, b.single, b.keys); err != nil {
-		return res, fmt.Errorf("single ledger: %w", err)
+		return res, fmt.Errorf("%s: single ledger: %w", variant, err)
 	}
 	if err := m.checkDownstream(ctx, &res, b.keys, b.keys); err != nil {
 		return res, err
@@ -474,11 +751,11 @@ func (b *fleetBench) passSingle(ctx context.Context) (fleetPass, error) {
 	return res, nil
 }
 
-// passFleet runs every fleet ledger's pass at once and, with hung, the
-// hung ledger's beside them. The fleet's time is from the start to its
-// last ledger's return: nothing waits for the hung ledger.
-func (b *fleetBench) passFleet(ctx context.Context, hung bool) (fleetPass, error) {
-	variant := variantFleet
+// passFleet runs every fleet ledger's pass at once on s's engines and,
+// with hung, the hung ledger's beside them. The fleet's time is from the
+// start to its last ledger's return: nothing waits for the hung ledger.
+func (b *fleetBench) passFleet(ctx context.Context, s *fleetSetup, hung bool) (fleetPass, error) {
+	variant := s.cfg.name
 	if hung {
 		variant = variantHung
 	}
@@ -503,16 +780,11 @@ func (b *fleetBench) passFleet(ctx context.Context, hung bool) (fleetPass, error
 		}
 		hungEngine = benchEngine("lkbench-"+b.hung.name, b.concurrency, b.hung.probe, b.bracket, sdb, b.logs)
 	}
-	pools := make([]*pgxpool.Pool, len(b.dbs))
-	names := make([]string, len(b.dbs))
-	counts := make([]int, len(b.dbs))
-	for i, d := range b.dbs {
-		pools[i], names[i], counts[i] = d.pool, d.name, d.ledgers
-	}
+	groups := slices.Clone(s.groups)
 	if hung {
-		pools, names, counts = append(pools, hungPool), append(names, "lkbench_fleet_hung (hung)"), append(counts, 1)
+		groups = append(groups, poolGroup{name: "lkbench_fleet_hung (hung)", pools: []*pgxpool.Pool{hungPool}, ledgers: 1})
 	}
-	m, err := b.startMeasure(ctx, pools, names, counts)
+	m, err := b.startMeasure(ctx, groups)
 	if err != nil {
 		return fleetPass{}, err
 	}
@@ -528,10 +800,10 @@ func (b *fleetBench) passFleet(ctx context.Context, hung bool) (fleetPass, error
 	}
 	runs := make([]ledgerRun, len(b.ledgers))
 	var wg sync.WaitGroup
-	for i, l := range b.ledgers {
+	for i, e := range s.engines {
 		wg.Go(func() {
 			t0 := time.Now()
-			rep, err := l.engine.Run(ctx, reconcile.Options{})
+			rep, err := e.Run(ctx, reconcile.Options{})
 			runs[i] = ledgerRun{rep: rep, err: err, took: time.Since(t0)}
 		})
 	}
@@ -552,17 +824,17 @@ func (b *fleetBench) passFleet(ctx context.Context, hung bool) (fleetPass, error
 	var took []float64
 	for i, r := range runs {
 		if r.err != nil {
-			return res, fmt.Errorf("ledger %s: %w", b.ledgers[i].name, r.err)
+			return res, fmt.Errorf("%s: ledger %s: %w", variant, b.ledgers[i].name, r.err)
 		}
 		if err := checkPass(r.rep, b.perLedger, b.bracket); err != nil {
-			return res, fmt.Errorf("ledger %s: %w", b.ledgers[i].name, err)
+			return res, fmt.Errorf("%s: ledger %s: %w", variant, b.ledgers[i].name, err)
 		}
 		took = append(took, r.took.Seconds())
 	}
 	res.LedgerSeconds = spreadOf(took)
 	for _, l := range b.ledgers {
-		if err := checkDecided(ctx, l.db, b.perLedger); err != nil {
-			return res, fmt.Errorf("ledger %s: %w", l.name, err)
+		if err := checkDecided(ctx, l.loader, b.perLedger); err != nil {
+			return res, fmt.Errorf("%s: ledger %s: %w", variant, l.name, err)
 		}
 	}
 	if err := m.checkDownstream(ctx, &res, b.keys, probedMax); err != nil {
@@ -637,7 +909,8 @@ func (b *fleetBench) awaitHung(ctx context.Context, start time.Time, done <-chan
 func (b *fleetBench) loadFleet(ctx context.Context, hung bool) error {
 	g := newBigGroup(ctx, 4)
 	for _, l := range b.ledgers {
-		g.Go(func(ctx context.Context) error { return loadStuck(ctx, l.db, b.perLedger) })
+		db := b.loader(l.loader, b.fleetLoaded)
+		g.Go(func(ctx context.Context) error { return loadStuck(ctx, db, b.perLedger) })
 	}
 	if hung {
 		g.Go(func(ctx context.Context) error { return loadStuck(ctx, b.hung.loader, b.perLedger) })
@@ -645,8 +918,55 @@ func (b *fleetBench) loadFleet(ctx context.Context, hung bool) error {
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	_, err := b.dbs[0].pool.Exec(ctx, `CHECKPOINT`)
+	b.fleetLoaded = true
+	_, err := b.dbs[0].loader.Exec(ctx, `CHECKPOINT`)
 	return err
+}
+
+// The ways --reload replaces a pass's keys.
+const (
+	reloadTruncate = "truncate"
+	reloadDelete   = "delete"
+)
+
+// loader is what loads a ledger's keys through db: db itself (loadStuck
+// truncates, then vacuums and analyses), or with --reload delete once
+// loaded (the ledger was loaded once already), db with the truncation
+// made DELETEs and the VACUUM ANALYZE left out.
+func (b *fleetBench) loader(db execer, loaded bool) execer {
+	if b.reload != reloadDelete {
+		return db
+	}
+	if !loaded {
+		return db
+	}
+	return keepCaches{db: db}
+}
+
+// keepCaches runs loadStuck's statements without the two that invalidate
+// every connection's cached plans and catalog entries of the ledger's
+// tables: TRUNCATE (a new file for each table) becomes a DELETE of each,
+// and VACUUM ANALYZE (new statistics) is skipped. Any other statement
+// passes as it is.
+type keepCaches struct{ db execer }
+
+func (k keepCaches) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	switch {
+	case strings.HasPrefix(sql, "TRUNCATE "):
+		for t := range strings.SplitSeq(strings.TrimPrefix(sql, "TRUNCATE "), ",") {
+			t = strings.TrimSpace(t)
+			if !slices.Contains(ledger.Tables, t) {
+				return pgconn.CommandTag{}, fmt.Errorf("--reload delete: %q in %q is not a ledger table", t, sql)
+			}
+			if _, err := k.db.Exec(ctx, "DELETE FROM "+t); err != nil {
+				return pgconn.CommandTag{}, err
+			}
+		}
+		return pgconn.CommandTag{}, nil
+	case strings.HasPrefix(sql, "VACUUM ANALYZE "):
+		return pgconn.CommandTag{}, nil
+	}
+	return k.db.Exec(ctx, sql, args...)
 }
 
 // checkDecided reads the ledger: none of its n stuck keys left processing,
@@ -671,30 +991,34 @@ func checkDecided(ctx context.Context, db interface {
 type measure struct {
 	ds               *downstreamProc
 	pg               *pgCPU
-	pools            []*pgxpool.Pool
-	names            []string
-	ledgers          []int
+	groups           []poolGroup
 	hits0            downstreamHits
 	dsCPU0, pg0, go0 time.Duration
-	stats0           []*pgxpool.Stat
+	stats0           [][]*pgxpool.Stat
 	stmts            *pgxpool.Pool // reads pg_stat_statements
 	logf             func(string, ...any)
 	stopSampling     chan struct{}
 	sampled          chan samples
 }
 
-// samples is what the sampler saw, every 10 ms of a pass.
+// samples is what the sampler saw, every 10 ms of a pass: of each pool
+// group, the connections its pools had acquired together (peak, sum) and
+// the most one of its pools had; of all pools, the most acquired and open
+// at one sample.
 type samples struct {
 	n               int
 	peakRSS, sumRSS int64
 	peakHeap        uint64
 	peakGoroutines  uint64
 	peakAcq         []int32
+	peakOnePool     []int32
 	sumAcq          []int64
+	peakAcqAll      int32
+	peakOpenAll     int32
 }
 
-func (b *fleetBench) startMeasure(ctx context.Context, pools []*pgxpool.Pool, names []string, ledgers []int) (*measure, error) {
-	m := &measure{ds: b.ds, pg: b.pg, pools: pools, names: names, ledgers: ledgers, stmts: b.single, logf: b.logf,
+func (b *fleetBench) startMeasure(ctx context.Context, groups []poolGroup) (*measure, error) {
+	m := &measure{ds: b.ds, pg: b.pg, groups: groups, stmts: b.single, logf: b.logf,
 		stopSampling: make(chan struct{}), sampled: make(chan samples, 1)}
 	if _, err := b.single.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
 		return nil, err
@@ -709,8 +1033,12 @@ func (b *fleetBench) startMeasure(ctx context.Context, pools []*pgxpool.Pool, na
 	if m.pg0, err = b.pg.sample(); err != nil {
 		return nil, err
 	}
-	for _, p := range pools {
-		m.stats0 = append(m.stats0, p.Stat())
+	for _, g := range groups {
+		var st []*pgxpool.Stat
+		for _, p := range g.pools {
+			st = append(st, p.Stat())
+		}
+		m.stats0 = append(m.stats0, st)
 	}
 	m.go0 = selfCPU()
 	go m.sample()
@@ -719,7 +1047,7 @@ func (b *fleetBench) startMeasure(ctx context.Context, pools []*pgxpool.Pool, na
 
 // sample samples until stopSampling closes, then sends what it saw.
 func (m *measure) sample() {
-	s := samples{peakAcq: make([]int32, len(m.pools)), sumAcq: make([]int64, len(m.pools))}
+	s := samples{peakAcq: make([]int32, len(m.groups)), peakOnePool: make([]int32, len(m.groups)), sumAcq: make([]int64, len(m.groups))}
 	rt := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/sched/goroutines:goroutines"}}
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -735,11 +1063,21 @@ func (m *measure) sample() {
 		if rt[1].Value.Kind() == metrics.KindUint64 {
 			s.peakGoroutines = max(s.peakGoroutines, rt[1].Value.Uint64())
 		}
-		for i, p := range m.pools {
-			a := p.Stat().AcquiredConns()
+		var all, open int32
+		for i, g := range m.groups {
+			var a int32
+			for _, p := range g.pools {
+				st := p.Stat()
+				pa := st.AcquiredConns()
+				a += pa
+				open += st.TotalConns()
+				s.peakOnePool[i] = max(s.peakOnePool[i], pa)
+			}
 			s.peakAcq[i] = max(s.peakAcq[i], a)
 			s.sumAcq[i] += int64(a)
+			all += a
 		}
+		s.peakAcqAll, s.peakOpenAll = max(s.peakAcqAll, all), max(s.peakOpenAll, open)
 		select {
 		case <-m.stopSampling:
 			m.sampled <- s
@@ -757,7 +1095,7 @@ func (m *measure) stop(ctx context.Context, variant string, keys int, el time.Du
 	s := <-m.sampled
 	r := fleetPass{Variant: variant, Keys: keys, Seconds: el.Seconds(), KeysPerSec: float64(keys) / el.Seconds(),
 		GoCPU: goCPU, PGCPU: pg1 - m.pg0, PeakRSSKiB: s.peakRSS, PeakHeapBytes: s.peakHeap, PeakGoroutines: s.peakGoroutines,
-		Load: loadAvg()}
+		PeakAcquiredAll: s.peakAcqAll, PeakOpenAll: s.peakOpenAll, Load: loadAvg()}
 	var err error
 	if r.Statements, r.StatementTotals, err = fleetStatements(ctx, m.stmts, 10); err != nil {
 		m.logf("%s: no statement statistics: %v", variant, err)
@@ -765,15 +1103,25 @@ func (m *measure) stop(ctx context.Context, variant string, keys int, el time.Du
 	if s.n > 0 {
 		r.MeanRSSKiB = s.sumRSS / int64(s.n)
 	}
-	for i, p := range m.pools {
-		st, st0 := p.Stat(), m.stats0[i]
-		u := poolUse{Database: m.names[i], Ledgers: m.ledgers[i], MaxConns: st.MaxConns(), PeakAcquired: s.peakAcq[i],
-			Acquires: st.AcquireCount() - st0.AcquireCount(), EmptyAcquires: st.EmptyAcquireCount() - st0.EmptyAcquireCount(),
-			EmptyWaitMs: ms(st.EmptyAcquireWaitTime() - st0.EmptyAcquireWaitTime())}
+	for i, g := range m.groups {
+		u := poolUse{Database: g.name, Ledgers: g.ledgers, Pools: len(g.pools), PeakAcquired: s.peakAcq[i], PeakOnePool: s.peakOnePool[i]}
+		for j, p := range g.pools {
+			st, st0 := p.Stat(), m.stats0[i][j]
+			u.MaxConns += st.MaxConns()
+			u.Acquires += st.AcquireCount() - st0.AcquireCount()
+			u.EmptyAcquires += st.EmptyAcquireCount() - st0.EmptyAcquireCount()
+			u.EmptyWaitMs += ms(st.EmptyAcquireWaitTime() - st0.EmptyAcquireWaitTime())
+		}
+		u.EmptyWaitMs = round2(u.EmptyWaitMs)
 		if s.n > 0 {
 			u.MeanAcquired = round2(float64(s.sumAcq[i]) / float64(s.n))
 		}
+		// Per ledger: of its own pool's, or of a shared pool's over the
+		// ledgers sharing it.
 		u.PeakPerLedger = round2(float64(u.PeakAcquired) / float64(u.Ledgers))
+		if len(g.pools) == g.ledgers && g.ledgers > 1 {
+			u.PeakPerLedger = float64(u.PeakOnePool)
+		}
 		u.MeanPerLedger = round2(u.MeanAcquired / float64(u.Ledgers))
 		r.Pools = append(r.Pools, u)
 	}
@@ -805,7 +1153,7 @@ func (m *measure) checkDownstream(ctx context.Context, r *fleetPass, lo, hi int)
 // in the benchmark's databases, each statement's ledgers together (its
 // schema taken out of its text): the n with the most execution time
 // first, and the calls and execution time of all of them.
-func fleetStatements(ctx context.Context, db *pgxpool.Pool, n int) (top []statement, all statementTotals, err error) {
+func fleetStatements(ctx context.Context, db *pgxpool.Pool, n int) (top []fleetStatement, all statementTotals, err error) {
 	const byStatement = `SELECT left(regexp_replace(regexp_replace(query, '"ledger_[0-9]+"\.', '', 'g'), '\s+', ' ', 'g'), 70) AS q,
 		sum(calls)::bigint AS calls, sum(total_exec_time) AS total, sum(plans)::bigint AS plans, sum(total_plan_time) AS plan
 	FROM pg_stat_statements
@@ -818,18 +1166,30 @@ func fleetStatements(ctx context.Context, db *pgxpool.Pool, n int) (top []statem
 		return nil, all, err
 	}
 	all.ExecMs, all.PlanMs = round2(all.ExecMs), round2(all.PlanMs)
-	rows, err := db.Query(ctx, `SELECT q, calls, total FROM (`+byStatement+`) s ORDER BY total DESC LIMIT $1`, n)
+	rows, err := db.Query(ctx, `SELECT q, calls, total, plans, plan FROM (`+byStatement+`) s ORDER BY total + plan DESC LIMIT $1`, n)
 	if err != nil {
 		return nil, all, err
 	}
-	top, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (statement, error) {
-		var s statement
-		err := row.Scan(&s.Query, &s.Calls, &s.TotalMs)
+	top, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (fleetStatement, error) {
+		var s fleetStatement
+		err := row.Scan(&s.Query, &s.Calls, &s.TotalMs, &s.Plans, &s.PlanMs)
 		s.MeanMs = round3(s.TotalMs / float64(max(s.Calls, 1)))
-		s.TotalMs = round2(s.TotalMs)
+		s.TotalMs, s.PlanMs = round2(s.TotalMs), round2(s.PlanMs)
 		return s, err
 	})
 	return top, all, err
+}
+
+// fleetStatement is a statement of pg_stat_statements, every ledger's of
+// its shape together: its executions and their time, and the plans made
+// for them and theirs.
+type fleetStatement struct {
+	Query   string  `json:"query"`
+	Calls   int64   `json:"calls"`
+	TotalMs float64 `json:"total_ms"`
+	MeanMs  float64 `json:"mean_ms"`
+	Plans   int64   `json:"plans"`
+	PlanMs  float64 `json:"plan_ms"`
 }
 
 // statementTotals sums pg_stat_statements over a pass: executions and
@@ -885,23 +1245,32 @@ type fleetPass struct {
 	MeanRSSKiB     int64  `json:"mean_rss_kib"`
 	PeakHeapBytes  uint64 `json:"peak_heap_object_bytes"`
 	PeakGoroutines uint64 `json:"peak_goroutines"`
+	// PeakAcquiredAll and PeakOpenAll: the most connections the
+	// variant's pools had acquired, and open, together at one sample.
+	PeakAcquiredAll int32 `json:"peak_acquired_all_pools"`
+	PeakOpenAll     int32 `json:"peak_open_all_pools"`
 	// Statements: pg_stat_statements over the pass, the ledgers'
 	// statements of one text summed; StatementTotals: all statements.
-	Statements      []statement     `json:"statements"`
-	StatementTotals statementTotals `json:"statement_totals"`
+	Statements      []fleetStatement `json:"statements"`
+	StatementTotals statementTotals  `json:"statement_totals"`
 	// Pools: each database's pool during the pass.
 	Pools []poolUse   `json:"pools"`
 	Hung  *hungResult `json:"hung,omitempty"`
 	Load  string      `json:"load_after"`
 }
 
-// poolUse is a pool's connections during a pass (pgxpool.Stat, sampled
-// every 10 ms), and per ledger: the pool's over the ledgers sharing it.
+// poolUse is a database's pools' connections during a pass (pgxpool.Stat,
+// sampled every 10 ms): its one pool shared by its ledgers, or its
+// ledgers' own pools summed. Per ledger: a shared pool's over the ledgers
+// sharing it, or the most one ledger's own pool had (peak).
 type poolUse struct {
-	Database      string  `json:"database"`
-	Ledgers       int     `json:"ledgers"`
-	MaxConns      int32   `json:"max_conns"`
-	PeakAcquired  int32   `json:"peak_acquired"`
+	Database     string `json:"database"`
+	Ledgers      int    `json:"ledgers"`
+	Pools        int    `json:"pools"`
+	MaxConns     int32  `json:"max_conns"`
+	PeakAcquired int32  `json:"peak_acquired"`
+	// PeakOnePool: the most one of the pools had acquired.
+	PeakOnePool   int32   `json:"peak_acquired_one_pool"`
 	MeanAcquired  float64 `json:"mean_acquired"`
 	PeakPerLedger float64 `json:"peak_acquired_per_ledger"`
 	MeanPerLedger float64 `json:"mean_acquired_per_ledger"`
@@ -982,11 +1351,20 @@ type fleetSummary struct {
 	PeakPerLedger float64 `json:"peak_acquired_per_ledger"`
 	MeanPerLedger float64 `json:"mean_acquired_per_ledger"`
 	EmptyAcquires int64   `json:"empty_acquires"`
+	// PeakAcquiredAll and PeakOpenAll: the most connections the
+	// variant's pools had acquired, and open, together, over its passes.
+	PeakAcquiredAll int32 `json:"peak_acquired_all_pools"`
+	PeakOpenAll     int32 `json:"peak_open_all_pools"`
+	// CPUPerKeyUs: the engines' and PostgreSQL's CPU per key, the
+	// median of the passes'.
+	CPUPerKeyUs spread `json:"cpu_us_per_key"`
+	// PlansPerKeyPasses spreads the passes' plans per key.
+	PlansPerKeyPasses spread `json:"plans_per_key_passes"`
 }
 
 func summariseFleet(variant string, runs []fleetPass, ideal float64) fleetSummary {
 	s := fleetSummary{Variant: variant, Passes: runs, Ideal: ideal}
-	var rates, secs, ledgerSecs, means []float64
+	var rates, secs, ledgerSecs, means, cpus, plans []float64
 	var keys int
 	var goCPU, pgCPU, dsCPU time.Duration
 	var st statementTotals
@@ -997,6 +1375,9 @@ func summariseFleet(variant string, runs []fleetPass, ideal float64) fleetSummar
 		keys += r.Keys
 		goCPU, pgCPU, dsCPU = goCPU+r.GoCPU, pgCPU+r.PGCPU, dsCPU+r.DownstreamCPU
 		s.PeakRSSKiB = max(s.PeakRSSKiB, r.PeakRSSKiB)
+		s.PeakAcquiredAll, s.PeakOpenAll = max(s.PeakAcquiredAll, r.PeakAcquiredAll), max(s.PeakOpenAll, r.PeakOpenAll)
+		cpus = append(cpus, (r.GoCPU+r.PGCPU).Seconds()*1e6/float64(r.Keys))
+		plans = append(plans, float64(t.Plans)/float64(r.Keys))
 		for _, p := range r.Pools {
 			if strings.HasSuffix(p.Database, "(hung)") {
 				continue
@@ -1007,6 +1388,7 @@ func summariseFleet(variant string, runs []fleetPass, ideal float64) fleetSummar
 		}
 	}
 	s.KeysPerSec, s.Seconds, s.LedgerSecondsMedian = spreadOf(rates), spreadOf(secs), spreadOf(ledgerSecs)
+	s.CPUPerKeyUs, s.PlansPerKeyPasses = spreadOf(cpus), spreadOf(plans)
 	s.KeysPerSec.Median, s.KeysPerSec.Min, s.KeysPerSec.Max = float64(int64(s.KeysPerSec.Median)), float64(int64(s.KeysPerSec.Min)), float64(int64(s.KeysPerSec.Max))
 	s.OfIdeal = round2(s.KeysPerSec.Median / ideal)
 	s.GoCPUPerKeyUs = float64(int64(goCPU.Seconds() * 1e6 / float64(keys)))
@@ -1068,13 +1450,15 @@ type fleetReport struct {
 	LatencyMs          float64 `json:"latency_ms"`
 	Bracket            string  `json:"bracket"`
 	// RSSBeforeKiB is the process's VmRSS after the warm-up passes.
-	RSSBeforeKiB          int64          `json:"rss_before_kib"`
-	Variants              []fleetSummary `json:"variants"`
-	FleetOverSingle       fleetRatio     `json:"fleet_over_single"`
-	HungOverWithout       *fleetRatio    `json:"hung_over_without,omitempty"`
-	HungOverWithoutLedger *fleetRatio    `json:"hung_over_without_ledger,omitempty"`
-	LoadBefore            string         `json:"load_before"`
-	LoadAfter             string         `json:"load_after"`
+	RSSBeforeKiB int64          `json:"rss_before_kib"`
+	Variants     []fleetSummary `json:"variants"`
+	// Ratios: every variant's keys/s over the first single variant's.
+	Ratios                []fleetRatio `json:"ratios"`
+	FleetOverSingle       *fleetRatio  `json:"fleet_over_single,omitempty"`
+	HungOverWithout       *fleetRatio  `json:"hung_over_without,omitempty"`
+	HungOverWithoutLedger *fleetRatio  `json:"hung_over_without_ledger,omitempty"`
+	LoadBefore            string       `json:"load_before"`
+	LoadAfter             string       `json:"load_after"`
 }
 
 func printFleet(w io.Writer, r fleetReport) {
@@ -1082,19 +1466,25 @@ func printFleet(w io.Writer, r fleetReport) {
 	if r.DownstreamCapacity > 0 {
 		capText = fmt.Sprintf("%d at once", r.DownstreamCapacity)
 	}
-	fmt.Fprintf(w, "fleet: %d ledgers (schemas over %d databases, one pool of %d each) of %d stuck keys, against one ledger of %d; "+
+	fmt.Fprintf(w, "fleet: %d ledgers (schemas over %d databases; pools of %d unless the variant says) of %d stuck keys, against one ledger of %d; "+
 		"every engine at concurrency %d, bracket %s; downstream %.0f ms, %s; load before %s, after %s\n\n",
 		r.Ledgers, r.Databases, r.MaxConns, r.KeysPerLedger, r.Keys, r.Concurrency, r.Bracket, r.LatencyMs, capText, r.LoadBefore, r.LoadAfter)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "variant\tpasses\tkeys/s (median)\tkeys/s (range)\tideal\tof ideal\tpass s (median)\tledger pass s (median of medians)\tengine µs/key\tPostgreSQL µs/key\tstatements/key\texec ms/key\tplans/key\tplan ms/key\tpeak RSS MiB\tconns/ledger peak\tmean\tacquires that waited\t")
+	fmt.Fprintln(tw, "variant\tpasses\tkeys/s (median)\tkeys/s (range)\tideal\tof ideal\tpass s (median)\tledger pass s (median of medians)\tengine µs/key\tPostgreSQL µs/key\tCPU µs/key (median, range)\tstatements/key\texec ms/key\tplans/key\t(range)\tplan ms/key\tpeak RSS MiB\tconns open\tacquired peak (all pools)\tconns/ledger peak\tmean\tacquires that waited\t")
 	for _, s := range r.Variants {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f–%.0f\t%.0f\t%.2f\t%.3f\t%.3f\t%.0f\t%.0f\t%.2f\t%.3f\t%.2f\t%.3f\t%.1f\t%.2f\t%.2f\t%d\t\n", s.Variant, len(s.Passes),
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f–%.0f\t%.0f\t%.2f\t%.3f\t%.3f\t%.0f\t%.0f\t%.0f (%.0f–%.0f)\t%.2f\t%.3f\t%.2f\t%.2f–%.2f\t%.3f\t%.1f\t%d\t%d\t%.2f\t%.2f\t%d\t\n", s.Variant, len(s.Passes),
 			s.KeysPerSec.Median, s.KeysPerSec.Min, s.KeysPerSec.Max, s.Ideal, s.OfIdeal, s.Seconds.Median, s.LedgerSecondsMedian.Median,
-			s.GoCPUPerKeyUs, s.PGCPUPerKeyUs, s.StatementsPerKey, s.StatementMsPerKey, s.PlansPerKey, s.PlanMsPerKey, float64(s.PeakRSSKiB)/1024, s.PeakPerLedger, s.MeanPerLedger, s.EmptyAcquires)
+			s.GoCPUPerKeyUs, s.PGCPUPerKeyUs, s.CPUPerKeyUs.Median, s.CPUPerKeyUs.Min, s.CPUPerKeyUs.Max,
+			s.StatementsPerKey, s.StatementMsPerKey, s.PlansPerKey, s.PlansPerKeyPasses.Min, s.PlansPerKeyPasses.Max, s.PlanMsPerKey,
+			float64(s.PeakRSSKiB)/1024, s.PeakOpenAll, s.PeakAcquiredAll, s.PeakPerLedger, s.MeanPerLedger, s.EmptyAcquires)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nRSS after the warm-up passes: %.1f MiB\n", float64(r.RSSBeforeKiB)/1024)
-	for _, x := range []*fleetRatio{&r.FleetOverSingle, r.HungOverWithout, r.HungOverWithoutLedger} {
+	var ratios []*fleetRatio
+	for i := range r.Ratios {
+		ratios = append(ratios, &r.Ratios[i])
+	}
+	for _, x := range append(ratios, r.HungOverWithout, r.HungOverWithoutLedger) {
 		if x == nil {
 			continue
 		}
@@ -1121,15 +1511,15 @@ func printFleet(w io.Writer, r fleetReport) {
 		}
 	}
 	for _, s := range r.Variants {
-		if s.Variant == variantSingle || len(s.Passes) == 0 {
+		if len(s.Passes) == 0 || len(s.Passes[0].Pools) == 1 && s.Passes[0].Pools[0].Ledgers == 1 {
 			continue
 		}
 		last := s.Passes[len(s.Passes)-1]
 		fmt.Fprintf(w, "\n%s, round %d: pools (connections acquired, sampled every 10 ms)\n", s.Variant, last.Round)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "database\tledgers\tmax conns\tpeak acquired\tmean\tpeak per ledger\tmean per ledger\tacquires\tthat waited\twaited ms\t")
+		fmt.Fprintln(tw, "database\tledgers\tpools\tmax conns\tpeak acquired\tmean\tpeak per ledger\tmean per ledger\tacquires\tthat waited\twaited ms\t")
 		for _, p := range last.Pools {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.1f\t%.2f\t%.2f\t%d\t%d\t%.1f\t\n", p.Database, p.Ledgers, p.MaxConns, p.PeakAcquired, p.MeanAcquired,
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.1f\t%.2f\t%.2f\t%d\t%d\t%.1f\t\n", p.Database, p.Ledgers, p.Pools, p.MaxConns, p.PeakAcquired, p.MeanAcquired,
 				p.PeakPerLedger, p.MeanPerLedger, p.Acquires, p.EmptyAcquires, p.EmptyWaitMs)
 		}
 		tw.Flush()
@@ -1139,12 +1529,12 @@ func printFleet(w io.Writer, r fleetReport) {
 			continue
 		}
 		last := s.Passes[len(s.Passes)-1]
-		fmt.Fprintf(w, "\n%s, round %d: PostgreSQL statements by execution time (pg_stat_statements: %d texts, every ledger's of one shape together)\n",
+		fmt.Fprintf(w, "\n%s, round %d: PostgreSQL statements by execution and planning time (pg_stat_statements: %d texts, every ledger's of one shape together)\n",
 			s.Variant, last.Round, last.StatementTotals.Texts)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "calls\tper key\ttotal ms\tmean ms\tstatement")
+		fmt.Fprintln(tw, "calls\tper key\ttotal ms\tmean ms\tplans\tplan ms\tstatement")
 		for _, st := range last.Statements {
-			fmt.Fprintf(tw, "%d\t%.3f\t%.0f\t%.3f\t%s\n", st.Calls, float64(st.Calls)/float64(last.Keys), st.TotalMs, st.MeanMs, st.Query)
+			fmt.Fprintf(tw, "%d\t%.3f\t%.0f\t%.3f\t%d\t%.0f\t%s\n", st.Calls, float64(st.Calls)/float64(last.Keys), st.TotalMs, st.MeanMs, st.Plans, st.PlanMs, st.Query)
 		}
 		tw.Flush()
 	}
