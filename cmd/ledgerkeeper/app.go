@@ -300,14 +300,9 @@ func connect(ctx context.Context, raw string, maxConns int) (*pgxpool.Pool, erro
 }
 
 func connectFollowing(ctx context.Context, raw string, maxConns int, opts ledger.FollowOptions) (*pgxpool.Pool, *ledger.Follower, error) {
-	pc, err := poolConfig(raw, maxConns)
+	pool, follower, err := openFollowing(ctx, raw, maxConns, opts)
 	if err != nil {
 		return nil, nil, err
-	}
-	follower := ledger.FollowPrimary(pc, opts)
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("database at %s: %w", redactURL(raw), err)
 	}
 	if err := reach(ctx, pool); err != nil {
 		pool.Close()

@@ -130,22 +130,28 @@ counted as an attempt); purge and alert delivery stop at once.`,
 				},
 				Jobs: lp.jobs,
 			})
-			if err != nil {
-				return &configError{err}
-			}
-			if err := d.Start(ctx); err != nil {
-				return err
-			}
-			<-ctx.Done()
-			logger.Info("stopping")
-			d.Stop()
-			return nil
+			return runDaemon(ctx, d, err, logger)
 		},
 	}
 	cmd.Flags().BoolVar(&migrate, "migrate", false, "apply pending schema migrations before starting")
 	cmd.Flags().BoolVar(&runAtStart, "run-at-start", true, "run every job once at start-up, then on schedule")
 	cmd.Flags().StringVar(&listen, "listen", "", "HTTP listen address (overrides http.listen)")
 	return cmd
+}
+
+// runDaemon starts d (built by daemon.New with err) and runs it until ctx
+// is done, then stops it gracefully.
+func runDaemon(ctx context.Context, d *daemon.Daemon, err error, logger *slog.Logger) error {
+	if err != nil {
+		return &configError{err}
+	}
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	logger.Info("stopping")
+	d.Stop()
+	return nil
 }
 
 // migrateAtStart is serve --migrate for one ledger.

@@ -125,16 +125,7 @@ func (a *app) serveFleet(ctx context.Context, migrate, runAtStart bool) error {
 		},
 		Jobs: jobs,
 	})
-	if err != nil {
-		return &configError{err}
-	}
-	if err := d.Start(ctx); err != nil {
-		return err
-	}
-	<-ctx.Done()
-	logger.Info("stopping")
-	d.Stop()
-	return nil
+	return runDaemon(ctx, d, err, logger)
 }
 
 // fleetFrontEnds are the process-wide parts over every started ledger: the

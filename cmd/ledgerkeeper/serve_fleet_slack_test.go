@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -50,7 +48,6 @@ ledgers:
   support:
     schema: support
 `, actionsBotToken, actionsChannel, srv.APIURL(), secretFile, addr))
-	ctx := context.Background()
 	if code, out, errOut := cli(t, "migrate", "--config", cfg, "--database-url", db.URL); code != 0 {
 		t.Fatalf("migrate: %d %s %s", code, out, errOut)
 	}
@@ -62,21 +59,7 @@ ledgers:
 			VALUES ($1, 'refund_payment', 'h', now() - interval '1 minute', now() - interval '1 minute', now() + interval '1 day')`, key)
 	}
 
-	ctxServe, cancel := context.WithCancel(ctx)
-	exited := make(chan int, 1)
-	var stderr syncBuffer
-	go func() {
-		exited <- run(ctxServe, []string{"serve", "--config", cfg, "--database-url", db.URL}, io.Discard, &stderr)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if code := testwait.Recv(t, exited, 40*time.Second); code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-		if t.Failed() {
-			t.Logf("serve's stderr:\n%s", stderr.String())
-		}
-	})
+	serveUntilCleanup(t, cfg, db.URL)
 
 	// Both alerts posted, each naming its ledger.
 	var billingMsg slacktest.Message

@@ -159,21 +159,7 @@ ledgers:
 		t.Fatalf("%d tables in database one's public schema: migrate left its ledgers' schemas", n)
 	}
 
-	ctxServe, cancel := context.WithCancel(ctx)
-	exited := make(chan int, 1)
-	stderr := &syncBuffer{}
-	go func() {
-		exited <- run(ctxServe, []string{"serve", "--config", cfg, "--database-url", url1}, io.Discard, stderr)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if code := testwait.Recv(t, exited, 40*time.Second); code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-		if t.Failed() {
-			t.Logf("slack got %q; serve's stderr:\n%s", slack.all(), stderr.String())
-		}
-	})
+	serveUntilCleanup(t, cfg, url1)
 	resolvedAndPurged := func(ls []fleetLedger, key string) func() bool {
 		return func() bool {
 			for _, l := range ls {
@@ -331,21 +317,7 @@ ledgers:
 	}
 	behind.exec(t, `DELETE FROM `+behind.table("ledgerkeeper_schema_migrations")+` WHERE version_id = $1`, newest)
 
-	ctxServe, cancel := context.WithCancel(ctx)
-	exited := make(chan int, 1)
-	stderr := &syncBuffer{}
-	go func() {
-		exited <- run(ctxServe, []string{"serve", "--config", cfg, "--database-url", db.URL}, io.Discard, stderr)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if code := testwait.Recv(t, exited, 40*time.Second); code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-		if t.Failed() {
-			t.Logf("serve's stderr:\n%s", stderr.String())
-		}
-	})
+	serveUntilCleanup(t, cfg, db.URL)
 	testwait.Eventually(t, func() bool { return current.status(t, "k1") == "completed" }, 30*time.Second, "the current ledger's key completed")
 	runs := current.count(t, current.table("ledgerkeeper_runs")+` WHERE kind = 'reconcile'`)
 	testwait.Eventually(t, func() bool {
@@ -411,4 +383,25 @@ ledgers:
 	if code, _ := httpDo(t, http.MethodGet, base+"/ui/ledgers/missing/", "", "", nil); code != http.StatusNotFound {
 		t.Errorf("the ledger without a schema: %d, want 404 (left out)", code)
 	}
+}
+
+// serveUntilCleanup runs `serve` on cfg and url until the test ends, and
+// reports what it logged if the test failed.
+func serveUntilCleanup(t *testing.T, cfg, url string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan int, 1)
+	stderr := &syncBuffer{}
+	go func() {
+		exited <- run(ctx, []string{"serve", "--config", cfg, "--database-url", url}, io.Discard, stderr)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := testwait.Recv(t, exited, 40*time.Second); code != 0 {
+			t.Errorf("serve exited %d", code)
+		}
+		if t.Failed() {
+			t.Logf("serve's stderr:\n%s", stderr.String())
+		}
+	})
 }
