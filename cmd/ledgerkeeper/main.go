@@ -86,7 +86,7 @@ keys, and alerts on Slack for everything it cannot resolve.`,
 	}
 	root.PersistentFlags().StringVar(&a.configPath, "config", "", "configuration file (default ledgerkeeper.yaml if present)")
 	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL of the ledger (overrides database.url and $"+envDatabaseURL+")")
-	root.PersistentFlags().StringVar(&a.ledgerName, "ledger", "", "the ledger to work on, by its name in the ledgers section (required when there are several; serve, migrate and status without it work on every ledger)")
+	root.PersistentFlags().StringVar(&a.ledgerName, "ledger", "", "the ledger to work on, by its name in the ledgers section (required when there are several; serve, migrate, status, config check and console without it work on every ledger)")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "", "debug, info, warn or error (overrides log.level)")
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return &usageError{suggestFlag(cmd, err)} })
 	root.AddCommand(
