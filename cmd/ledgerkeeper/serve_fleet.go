@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -169,8 +168,13 @@ func databaseLabel(url string) string {
 	return net.JoinHostPort(pc.Host, fmt.Sprint(pc.Port)) + "/" + pc.Database
 }
 
+// schemaShown names a ledger's schema in logs and status: "(search_path)"
+// for none.
 func schemaShown(s string) string {
-	return strings.TrimSpace(map[bool]string{true: "(search_path)", false: s}[s == ""])
+	if s == "" {
+		return "(search_path)"
+	}
+	return s
 }
 
 // schemaGate holds a ledger's jobs until its schema is there and current:

@@ -87,17 +87,13 @@ func TestServeKeepsLedgersOfTwoDatabasesIsolated(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin2.Close(ctx)
-	url1 := db1.URL + "?search_path=nowhere"
-	if strings.Contains(db1.URL, "?") {
-		url1 = db1.URL + "&search_path=nowhere"
-	}
-	url2 := pgembed.WithDatabase(srv2.URL, "fleet_two")
-	url2 += map[bool]string{true: "&", false: "?"}[strings.Contains(url2, "?")] + "search_path=nowhere"
+	url1 := withSearchPathNowhere(db1.URL)
+	url2 := withSearchPathNowhere(pgembed.WithDatabase(srv2.URL, "fleet_two"))
 
 	rt := newRouter(t)
 	slack := newSlackServer(t)
 	addr := freeAddr(t)
-	cfg := writeFile(t, "fleet.yaml", fmt.Sprintf(`schedule:
+	cfg := fleetServeConfig(t, slack, rt, addr, `schedule:
   reconcile: "@every 1s"
   purge: "@every 1s"
   alerts: "@every 1s"
@@ -106,32 +102,14 @@ reconcile:
   alert_after_attempts: 1
 retention:
   min_age: 2s
-alerts:
-  slack:
-    token: xoxb-test-token
-    channel: "#oncall"
-    api_url: "%s/api/"
-http:
-  listen: "%s"
-tools:
-  create_ticket:
-    processing_window: 1s
-    probe:
-      type: http
-      url: "%s/v1/tickets?idempotency_key={key}"
-      match: data
-      response_code: 201
-      self_check:
-        require_witness: false
-ledgers:
-  billing:
+`, fmt.Sprintf(`  billing:
     schema: billing
   support:
     schema: support
   ops:
     database_url: "%s"
     schema: ops
-`, slack.srv.URL, addr, rt.srv.URL, url2))
+`, url2))
 
 	var out, errb strings.Builder
 	if code := run(ctx, []string{"migrate", "--config", cfg, "--database-url", url1}, &out, &errb); code != 0 {
@@ -274,34 +252,16 @@ func TestServeHoldsALedgerWhoseSchemaIsBehind(t *testing.T) {
 	rt := newRouter(t)
 	slack := newSlackServer(t)
 	addr := freeAddr(t)
-	cfg := writeFile(t, "fleet.yaml", fmt.Sprintf(`schedule:
+	cfg := fleetServeConfig(t, slack, rt, addr, `schedule:
   reconcile: "@every 1s"
   alerts: "@every 1s"
 reconcile:
   grace: 1s
-alerts:
-  slack:
-    token: xoxb-test-token
-    channel: "#oncall"
-    api_url: "%s/api/"
-http:
-  listen: "%s"
-tools:
-  create_ticket:
-    processing_window: 1s
-    probe:
-      type: http
-      url: "%s/v1/tickets?idempotency_key={key}"
-      match: data
-      response_code: 201
-      self_check:
-        require_witness: false
-ledgers:
-  current:
+`, `  current:
     schema: current
   behind:
     schema: behind
-`, slack.srv.URL, addr, rt.srv.URL))
+`)
 	var out, errb strings.Builder
 	if code := run(ctx, []string{"migrate", "--config", cfg, "--database-url", db.URL}, &out, &errb); code != 0 {
 		t.Fatalf("migrate exited %d: %s", code, errb.String())
@@ -404,4 +364,40 @@ func serveUntilCleanup(t *testing.T, cfg, url string) {
 			t.Logf("serve's stderr:\n%s", stderr.String())
 		}
 	})
+}
+
+// fleetServeConfig writes a serve configuration of several ledgers: head
+// (schedule, reconcile, retention), Slack on slack, the listener on addr,
+// create_ticket probed at rt, and ledgers (the entries of the ledgers
+// section).
+func fleetServeConfig(t *testing.T, slack *slackServer, rt *router, addr, head, ledgers string) string {
+	t.Helper()
+	return writeFile(t, "fleet.yaml", head+fmt.Sprintf(`alerts:
+  slack:
+    token: xoxb-test-token
+    channel: "#oncall"
+    api_url: "%s/api/"
+http:
+  listen: "%s"
+tools:
+  create_ticket:
+    processing_window: 1s
+    probe:
+      type: http
+      url: "%s/v1/tickets?idempotency_key={key}"
+      match: data
+      response_code: 201
+      self_check:
+        require_witness: false
+ledgers:
+`, slack.srv.URL, addr, rt.srv.URL)+ledgers)
+}
+
+// withSearchPathNowhere is url with search_path=nowhere: a statement that
+// leaves its schema to search_path fails on it.
+func withSearchPathNowhere(url string) string {
+	if strings.Contains(url, "?") {
+		return url + "&search_path=nowhere"
+	}
+	return url + "?search_path=nowhere"
 }
