@@ -81,7 +81,7 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 	}
 	p.decisions = make(chan probed, e.cfg.Concurrency)
 	var writers sync.WaitGroup
-	for range writerCount(e.cfg.Concurrency) {
+	for range WriterCount(e.cfg.Concurrency) {
 		writers.Add(1)
 		go func() {
 			defer writers.Done()
@@ -227,13 +227,13 @@ type probed struct {
 	answeredAt time.Time
 }
 
-// writerCount sizes the pool of decision writers: a decision is a few
+// WriterCount sizes the pool of decision writers: a decision is a few
 // milliseconds of database time against tens of a probe. Few writers make
 // big groups: the per-transaction statements (BEGIN, the locking read, the
 // breaker count, COMMIT and its WAL flush) are shared by more keys. At
 // concurrency 32, two writers instead of eight cut PostgreSQL's CPU per
 // key by a quarter (BENCHMARKS.md, "Reconcile with durable commits").
-func writerCount(concurrency int) int {
+func WriterCount(concurrency int) int {
 	return min(max(concurrency/16, 2), 16)
 }
 
@@ -330,6 +330,9 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 	}
 	var leaseErr, checkErr error
 	var after store.Leased // a dry run pages without leasing
+	// drained: the last lease found fewer due keys than it asked for, so
+	// the next would find none (keys due since wait for the next pass).
+	drained := false
 	waitTrial := t.halfOpen
 	for ctx.Err() == nil && !p.stopping() && !t.isOpen() {
 		if t.bracketed && t.bk.due() {
@@ -365,18 +368,21 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		lp.Limit = want
 		leasedAt := time.Now()
 		var batch []store.Leased
-		if p.opts.DryRun {
+		switch {
+		case drained:
+			// As if a lease had found nothing: no statement.
+		case p.opts.DryRun:
 			batch, leaseErr = store.PeekDue(ctx, p.e.pool, lp, after)
 			if len(batch) > 0 {
 				after = batch[len(batch)-1]
 			}
-		} else {
+		default:
 			// Detached from ctx: a lease statement cancelled mid-flight may
 			// still commit, and its keys would stay leased unseen. Let it
 			// finish, then give the batch back if the pass is over or
 			// stopping.
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-			batch, leaseErr = store.LeaseDue(lctx, p.e.pool, lp)
+			batch, drained, leaseErr = store.LeaseDueDrained(lctx, p.e.pool, lp)
 			if leaseErr == nil && (ctx.Err() != nil || p.stopping()) && len(batch) > 0 {
 				keys := make([]string, len(batch))
 				for i, l := range batch {
@@ -393,6 +399,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 		if leaseErr != nil || len(batch) == 0 {
 			p.budget.giveBack(want)
 			if leaseErr == nil && t.resumeAfterPause(ctx) {
+				drained = false
 				lp.ClaimedFrom = time.Time{} // keys a pause gave back are due again
 				if t.bracketed {
 					// The answers from before the pause are closed now, so

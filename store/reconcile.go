@@ -82,6 +82,19 @@ const duePredicate = `k.status = 'processing'
 // each other's candidates; the upsert's WHERE, evaluated on the latest
 // committed reconcile_state row, is what makes a lease exclusive.
 func LeaseDue(ctx context.Context, db ledger.DBTX, p LeaseParams) ([]Leased, error) {
+	out, _, err := LeaseDueDrained(ctx, db, p)
+	return out, err
+}
+
+// LeaseDueDrained is LeaseDue that also says whether the tool's due keys
+// ran out: drained is true when the statement found fewer due keys than
+// p.Limit (after p.ClaimedFrom), so a lease right after would find none but
+// the keys that became due meanwhile, which the next pass takes. Keys whose
+// rows another leaser had locked were skipped: they are that leaser's. A
+// pass that leased a short batch ends without asking again (one planned
+// statement fewer per tool and pass: a fleet of quiet ledgers pays it on
+// every ledger).
+func LeaseDueDrained(ctx context.Context, db ledger.DBTX, p LeaseParams) (out []Leased, drained bool, err error) {
 	if p.Limit <= 0 || p.Owner == "" || p.Lease <= 0 {
 		panic("ledger: LeaseDue needs Limit, Owner and Lease")
 	}
@@ -99,19 +112,25 @@ func LeaseDue(ctx context.Context, db ledger.DBTX, p LeaseParams) ([]Leased, err
 	if !p.ClaimedFrom.IsZero() {
 		from = &p.ClaimedFrom
 	}
-	var out []Leased
-	var err error
 	if engine.Citus() {
-		out, err = leaseDueCitus(ctx, db, p, keys, from)
+		out, drained, err = leaseDueCitus(ctx, db, p, keys, from)
 	} else {
 		var rows pgx.Rows
 		rows, err = db.Query(ctx, leaseDue, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, p.Owner, p.Lease, from)
 		if err == nil {
-			out, err = pgx.CollectRows(rows, pgx.RowToStructByName[Leased])
+			var counted []countedLease
+			counted, err = pgx.CollectRows(rows, pgx.RowToStructByName[countedLease])
+			out = make([]Leased, len(counted))
+			for i, c := range counted {
+				out[i] = c.Leased
+			}
+			// No row: no candidate, or every one lost to a concurrent
+			// leaser; the pass ends either way.
+			drained = len(counted) == 0 || counted[0].Candidates < p.Limit
 		}
 	}
 	if err != nil || len(out) == 0 {
-		return out, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
+		return out, drained, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
 	}
 	// A hold committed while the statement ran is invisible to its
 	// snapshot (PutHold locks the key row without changing it). PutHold and
@@ -130,16 +149,23 @@ func LeaseDue(ctx context.Context, db ledger.DBTX, p LeaseParams) ([]Leased, err
 		WHERE h.key = ANY($1::text[]) AND s.key = h.key AND s.lease_owner = $2
 		RETURNING s.key`, pgx.QueryExecModeCacheDescribe, leased, p.Owner)
 	if err != nil {
-		return nil, wrap("re-check holds of leased keys", err)
+		return nil, false, wrap("re-check holds of leased keys", err)
 	}
 	heldKeys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, wrap("re-check holds of leased keys", err)
+		return nil, false, wrap("re-check holds of leased keys", err)
 	}
 	if len(heldKeys) > 0 {
 		out = slices.DeleteFunc(out, func(l Leased) bool { return slices.Contains(heldKeys, l.Key.Key) })
 	}
-	return out, nil
+	return out, drained, nil
+}
+
+// countedLease is a row of leaseDue: a key leased, and how many candidates
+// the statement found.
+type countedLease struct {
+	Leased
+	Candidates int `db:"candidates"`
 }
 
 // leaseTakeover is what both lease statements (PostgreSQL's leaseDue and
@@ -183,7 +209,8 @@ WITH candidates AS (
 	RETURNING s.key, s.attempts, s.first_not_found_at, s.lease_expires_at
 )
 SELECT ` + keyColumnsOf("c") + `,
-       l.attempts, l.first_not_found_at, l.lease_expires_at, now() AS now
+       l.attempts, l.first_not_found_at, l.lease_expires_at, now() AS now,
+       (SELECT count(*) FROM candidates) AS candidates
 FROM leased l JOIN candidates c ON c.key = l.key
 ORDER BY c.claimed_at`
 
@@ -204,19 +231,22 @@ ORDER BY c.claimed_at`
 // winner's commit, finds the key leased and goes on to the next round's
 // candidates: it skips the keys leased by others, after waiting once per
 // contended batch instead of skipping row locks.
-func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []string, from *time.Time) ([]Leased, error) {
-	var out []Leased
+func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []string, from *time.Time) (out []Leased, drained bool, err error) {
 	var afterAt any = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	afterKey := ""
 	for len(out) < p.Limit {
 		want := p.Limit - len(out)
 		rows, err := db.Query(ctx, leaseCandidates, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, want, afterAt, afterKey, from)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		cands, err := pgx.CollectRows(rows, pgx.RowToStructByName[ledger.Key])
-		if err != nil || len(cands) == 0 {
-			return out, err
+		if err != nil {
+			return nil, false, err
+		}
+		if len(cands) == 0 {
+			drained = true
+			break
 		}
 		ck := make([]string, len(cands))
 		cc := make([]time.Time, len(cands))
@@ -228,7 +258,7 @@ func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []st
 		}
 		rows, err = db.Query(ctx, leaseCandidatesCAS, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, ck, cc, ch, p.IgnoreBackoff, p.Owner, p.Lease)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		var l Leased
 		var key string
@@ -239,11 +269,12 @@ func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []st
 			return nil
 		})
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		last := cands[len(cands)-1]
 		afterAt, afterKey = last.ClaimedAt, last.Key
 		if len(cands) < want {
+			drained = true
 			break
 		}
 	}
@@ -253,7 +284,7 @@ func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []st
 		}
 		return strings.Compare(a.Key.Key, b.Key.Key)
 	})
-	return out, nil
+	return out, drained, nil
 }
 
 // leaseCandidates is leaseDueCitus's read: $1-$5 as in duePredicate, $6
@@ -786,6 +817,15 @@ func TxNow(ctx context.Context, tx pgx.Tx) (time.Time, error) {
 // atCommit says the error came from a COMMIT that may have reached the
 // server (its outcome unknown: read its audit rows back, AwaitAuditedAt).
 // The reconciler's decisions and operators' acts both write this way.
+//
+// Its statements run with generic plans (plan_cache_mode =
+// force_generic_plan, for this transaction only, set by the statement that
+// reads its time). They are lookups by key, whose plan does not depend on
+// the values; left to PostgreSQL, the locking read of a small group of
+// decisions kept a custom plan, planned again on every call: in a fleet,
+// whose ledgers decide in small groups, 0.19 plannings per key, the
+// largest share of its planning (BENCHMARKS.md, "Many ledgers in one
+// process").
 func TxAt(ctx context.Context, db Beginner, commit func(pgx.Tx, context.Context) error, fn func(pgx.Tx) error) (at time.Time, atCommit bool, err error) {
 	if commit == nil {
 		commit = pgx.Tx.Commit
@@ -795,8 +835,9 @@ func TxAt(ctx context.Context, db Beginner, commit func(pgx.Tx, context.Context)
 		return at, false, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after a commit: nothing to roll back
-	if at, err = TxNow(ctx, tx); err != nil {
-		return at, false, err
+	err = tx.QueryRow(ctx, `SELECT now(), set_config('plan_cache_mode', 'force_generic_plan', true)`).Scan(&at, nil)
+	if err != nil {
+		return at, false, wrap("read the transaction's time", err)
 	}
 	if err = fn(tx); err != nil {
 		return at, false, err

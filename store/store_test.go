@@ -432,3 +432,52 @@ func TestExtendLeasesRenewsOnlyTheOwnersLeases(t *testing.T) {
 		t.Fatal("another holder's lease was touched")
 	}
 }
+
+// A lease says the tool's due keys ran out only when it found fewer than
+// it asked for: a full batch may have more behind it, a short one has not.
+func TestLeaseDueSaysWhenTheDueKeysRanOut(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	for _, k := range []string{"k1", "k2", "k3"} {
+		claim(t, db.Pool, k, "h")
+		age(t, db, k, time.Minute)
+	}
+	p := store.LeaseParams{Tool: "create_ticket", Window: 30 * time.Second, HeartbeatTimeout: 30 * time.Second, Owner: "a", Lease: time.Minute, Limit: 2}
+	got, drained, err := store.LeaseDueDrained(ctx, db.Pool, p)
+	if err != nil || len(got) != 2 || drained {
+		t.Fatalf("first lease of 2 over 3 due keys: %d keys, drained %v, %v; want 2 keys, not drained", len(got), drained, err)
+	}
+	got, drained, err = store.LeaseDueDrained(ctx, db.Pool, p)
+	if err != nil || len(got) != 1 || !drained {
+		t.Fatalf("second lease of 2 over the 1 key left: %d keys, drained %v, %v; want 1 key, drained", len(got), drained, err)
+	}
+	got, drained, err = store.LeaseDueDrained(ctx, db.Pool, p)
+	if err != nil || len(got) != 0 || !drained {
+		t.Fatalf("a lease with nothing due: %d keys, drained %v, %v; want none, drained", len(got), drained, err)
+	}
+}
+
+// A decision's transaction runs its statements with generic plans, and
+// only it: the connection's setting is back once it ends.
+func TestDecisionTransactionsUseGenericPlansOnly(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var inside, after string
+	_, _, err = store.TxAt(ctx, conn.Conn(), nil, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&inside)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if inside != "force_generic_plan" || after != "auto" {
+		t.Errorf("plan_cache_mode inside the transaction %q, after it %q; want force_generic_plan, then auto", inside, after)
+	}
+}
