@@ -157,6 +157,16 @@ const (
 func FollowPrimary(pc *pgxpool.Config, opts FollowOptions) *Follower {
 	f := &Follower{opts: opts}
 	f.writable.Store(true)
+	f.Follow(pc)
+	return f
+}
+
+// Follow makes one more pool, built from pc, follow the primary with f:
+// several pools on one database (a process that keeps a pool per ledger of
+// it) follow it together. A failover any of them sees starts a new
+// generation for all, reported once; each leaves the old node at its next
+// acquire.
+func (f *Follower) Follow(pc *pgxpool.Config) {
 	if len(pc.ConnConfig.Fallbacks) > 0 && pc.ConnConfig.ValidateConnect == nil &&
 		!strings.Contains(pc.ConnString(), "target_session_attrs") {
 		pc.ConnConfig.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
@@ -184,7 +194,6 @@ func FollowPrimary(pc *pgxpool.Config, opts FollowOptions) *Follower {
 	// No AfterRelease: pgxpool runs that hook on a goroutine of its own
 	// per release (measured: +40% of the Go side's CPU per claim). A stale
 	// connection waits idle until it is next acquired, and goes then.
-	return f
 }
 
 // NewPool opens a pool on the ledger database at connString (a URL or DSN;

@@ -345,3 +345,45 @@ func TestCompleteLostAcrossAFailoverLeavesTheKeyProcessing(t *testing.T) {
 		t.Errorf("effects: %d, want 1", n)
 	}
 }
+
+// Two pools on one database under one Follower (a process with a pool per
+// ledger): the failover one of them finds is reported once, and the other
+// leaves the old node too, at its next acquire, without a failed write of
+// its own.
+func TestPoolsOfOneFollowerLeaveTheOldPrimaryTogether(t *testing.T) {
+	t.Parallel()
+	p := startFlipPair(t)
+	adminExec(t, p.b, `BEGIN READ WRITE; INSERT INTO idempotency_keys (key, tool, request_hash, expires_at) VALUES ('only-on-b', 't', 'h', now() + interval '1 day'); COMMIT`)
+	var seen failovers
+	ctx := context.Background()
+	first, follower, err := ledger.NewPool(ctx, p.url, seen.options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(first.Close)
+	pc, err := pgxpool.ParseConfig(p.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	follower.Follow(pc)
+	second, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.Close)
+	warm(t, first, 2)
+	warm(t, second, 3)
+	if _, err := ledger.Get(ctx, second, "only-on-b"); err == nil {
+		t.Fatal("before the flip the second pool already reads the other node")
+	}
+	p.flip(t)
+	testwait.Eventually(t, func() bool { return follower.CheckWritable(ctx, first) != nil }, testwait.Timeout, "the first pool's check to see the old primary read-only")
+	for range 3 { // every connection of the second pool, none of which failed
+		if _, err := ledger.Get(ctx, second, "only-on-b"); err != nil {
+			t.Fatalf("second pool after the flip: %v (a connection still on the old primary?)", err)
+		}
+	}
+	if got := seen.seen(); len(got) != 1 || got[0] != ledger.ReasonNotWritable {
+		t.Errorf("failovers reported: %v, want one, %s", got, ledger.ReasonNotWritable)
+	}
+}

@@ -354,6 +354,23 @@ func openFollowing(ctx context.Context, raw string, maxConns int, opts ledger.Fo
 	return pool, follower, nil
 }
 
+// openLedgerPool opens a fleet ledger's own pool on a database whose
+// primary f already follows: a failover any pool of f sees, every pool
+// leaves. Its sessions are named ledgerkeeper/LEDGER in pg_stat_activity.
+func openLedgerPool(ctx context.Context, raw, ledgerName string, maxConns int, f *ledger.Follower) (*pgxpool.Pool, error) {
+	pc, err := poolConfig(raw, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	pc.ConnConfig.RuntimeParams["application_name"] = "ledgerkeeper/" + ledgerName
+	f.Follow(pc)
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("database at %s: %w", redactURL(raw), err)
+	}
+	return pool, nil
+}
+
 // reach checks that pool's database answers, within 10s, and has the
 // store take its Citus shapes when it is a coordinator.
 func reach(ctx context.Context, pool *pgxpool.Pool) error {

@@ -16,16 +16,24 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // fleetDatabase is one database of a serve process that keeps several
-// ledgers: one pool, followed across failovers, shared by the ledgers whose
-// schemas it holds.
+// ledgers. Its ledgers each have a pool of their own, and it has a small
+// one for its writability checks, schema checks and migrations; all of them
+// follow the primary together, with one Follower.
 type fleetDatabase struct {
-	label  string // host:port/dbname, never a credential
-	raw    *pgxpool.Pool
-	health *daemon.DatabaseHealth
+	label    string // host:port/dbname, never a credential
+	raw      *pgxpool.Pool
+	follower *ledger.Follower
+	health   *daemon.DatabaseHealth
 }
+
+// fleetAdminConns is the size of a fleet database's own pool: a
+// writability check every second, and at start (or until they are
+// current) its ledgers' schema checks and migrations, one at a time.
+const fleetAdminConns = 2
 
 // serveFleet is serve over every ledger of the ledgers section. Each ledger
 // runs its own jobs (reconcile, purge, alerts, observe) on its own schema,
@@ -42,7 +50,11 @@ func (a *app) serveFleet(ctx context.Context, migrate, runAtStart bool) error {
 	daemon.RegisterBuildInfo(reg)
 
 	dbs := map[string]*fleetDatabase{}
+	var ledgerPools []*pgxpool.Pool
 	defer func() {
+		for _, p := range ledgerPools {
+			p.Close()
+		}
 		for _, db := range dbs {
 			if db.raw != nil {
 				db.raw.Close()
@@ -66,11 +78,11 @@ func (a *app) serveFleet(ctx context.Context, migrate, runAtStart bool) error {
 			dbs[url] = db
 			dbReg := prometheus.WrapRegistererWith(prometheus.Labels{"database": db.label}, reg)
 			db.health = daemon.NewDatabaseHealth(dbReg, logger.With("component", "database", "database", db.label))
-			raw, follower, err := openFollowing(ctx, url, l.Database.MaxConns, db.health.FollowOptions())
+			raw, follower, err := openFollowing(ctx, url, fleetAdminConns, db.health.FollowOptions())
 			if err != nil {
 				return err // the URL does not parse: a configuration error
 			}
-			db.raw = raw
+			db.raw, db.follower = raw, follower
 			db.health.Watch(raw, follower)
 			services = append(services, db.health)
 			quiet = append(quiet, db.health.Quiet)
@@ -81,7 +93,19 @@ func (a *app) serveFleet(ctx context.Context, migrate, runAtStart bool) error {
 			}
 		}
 		llog := logger.With("ledger", l.Name)
-		pool := inLedger(db.raw, l.Database.Schema)
+		// A pool of its own (ledgers.NAME.max_conns): its statements,
+		// qualified with its schema, are texts of its own, prepared and
+		// planned on each connection they run on; on a few connections
+		// of its own they are planned once and reused, on a pool shared
+		// with the database's other ledgers they were planned again and
+		// again (BENCHMARKS.md, "Many ledgers in one process"). A ledger
+		// whose statements hang holds only its own connections.
+		lraw, err := openLedgerPool(ctx, url, l.Name, l.Database.MaxConns, db.follower)
+		if err != nil {
+			return err
+		}
+		ledgerPools = append(ledgerPools, lraw)
+		pool := inLedger(lraw, l.Database.Schema)
 		gate := &schemaGate{raw: db.raw, schema: pool.schema, migrate: migrate, logger: llog, migrateLogger: a.logger.With("ledger", l.Name)}
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		if err := gate.open(sctx); err != nil {
@@ -100,7 +124,8 @@ func (a *app) serveFleet(ctx context.Context, migrate, runAtStart bool) error {
 		targets = append(targets, daemon.LedgerTarget{Name: l.Name, Config: l.Config, Pool: pool, Windows: lp.eng.Windows})
 		health, raw, schema := db.health, db.raw, pool.schema
 		ready[l.Name] = func(ctx context.Context) error { return ledgerReady(ctx, health, raw, schema) }
-		llog.Info("ledger started", "database", db.label, "schema", schemaShown(pool.schema), "tools", len(l.ToolNames()), "schema_current", gate.ok.Load())
+		llog.Info("ledger started", "database", db.label, "schema", schemaShown(pool.schema), "tools", len(l.ToolNames()),
+			"max_conns", l.Database.MaxConns, "schema_current", gate.ok.Load())
 	}
 	routes, fleetServices, err := a.fleetFrontEnds(targets, parts, logger)
 	if err != nil {

@@ -169,6 +169,23 @@ retention:
 			t.Errorf("/metrics has no series with %s", want)
 		}
 	}
+	// Each ledger works on a pool of its own, named after it; none of
+	// them on another's database.
+	var sessions map[string]int
+	rows, err := db1.Pool.Query(ctx, `SELECT application_name, count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name LIKE 'ledgerkeeper/%' GROUP BY 1`)
+	if err == nil {
+		sessions = map[string]int{}
+		var name string
+		var n int
+		_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error { sessions[name] = n; return nil })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sessions) != 2 || sessions["ledgerkeeper/billing"] == 0 || sessions["ledgerkeeper/support"] == 0 {
+		t.Errorf("database one's ledger sessions by application_name: %v; want billing's and support's own pools only", sessions)
+	}
 
 	// The second database's server stops.
 	pool2.Close()

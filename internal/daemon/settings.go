@@ -39,7 +39,11 @@ func Settle(cfg *config.Config) error {
 	// their keys under ledgers.NAME (or say the ledger inherits them).
 	errs := []error{err}
 	for _, l := range cfg.Ledgers() {
+		ownPool := l.Database.MaxConns == 0
 		applyDefaults(l.Config)
+		if ownPool {
+			l.Database.MaxConns = FleetLedgerConns(l.Reconcile.Concurrency)
+		}
 		errs = append(errs, validate(l.Config))
 	}
 	return joinConfigErrors(errs...)
@@ -113,6 +117,15 @@ func applyDefaults(c *config.Config) {
 	if c.Database.MaxConns == 0 {
 		c.Database.MaxConns = c.Reconcile.Concurrency + 4
 	}
+}
+
+// FleetLedgerConns is the default size of a fleet ledger's own pool: a
+// connection for each of its decision writers, one for its leases and
+// one for everything else (purge, alerts, gauges, the console), which
+// waits its turn. A ledger's statements stay on few connections, where
+// their plans are reused (BENCHMARKS.md, "Many ledgers in one process").
+func FleetLedgerConns(concurrency int) int {
+	return reconcile.WriterCount(concurrency) + 2
 }
 
 func ptr[T any](v T) *T { return &v }

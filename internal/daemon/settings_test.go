@@ -213,3 +213,49 @@ func TestSettleAcceptsEveryArgSource(t *testing.T) {
 		t.Fatalf("settle: %v", err)
 	}
 }
+
+// In a fleet each ledger has a pool of its own, small by default (its
+// decision writers, its leases and one more), while one ledger keeps the
+// pool it always had; a max_conns set at the top level or in an entry wins.
+func TestAFleetLedgersPoolIsSmallUnlessSet(t *testing.T) {
+	const yaml = `database:
+  url: postgres://top/db
+ledgers:
+  quiet:
+    schema: quiet
+  busy:
+    schema: busy
+    reconcile: {concurrency: 64}
+  sized:
+    schema: sized
+    max_conns: 9
+`
+	c, err := settle(t, yaml, func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"quiet": 4, "busy": 6, "sized": 9}
+	for name, n := range want {
+		l, err := c.Ledger(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Database.MaxConns != n {
+			t.Errorf("ledgers.%s: max_conns %d, want %d", name, l.Database.MaxConns, n)
+		}
+	}
+	top, err := settle(t, "database:\n  url: postgres://top/db\n  max_conns: 12\nledgers:\n  a: {schema: a}\n  b: {schema: b}\n", func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := top.Ledger("a"); a.Database.MaxConns != 12 {
+		t.Errorf("database.max_conns 12 at the top level: ledgers.a has %d, want 12", a.Database.MaxConns)
+	}
+	one, err := settle(t, "database:\n  url: postgres://top/db\n", func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if one.Database.MaxConns != 20 {
+		t.Errorf("one ledger: max_conns %d, want 20 (reconcile.concurrency + 4)", one.Database.MaxConns)
+	}
+}
