@@ -14,6 +14,7 @@ import (
 	neturl "net/url"
 	"os"
 	"runtime/metrics"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/pgembed"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
@@ -39,8 +41,9 @@ const (
 	// its own database), one engine.
 	variantSingle = "single"
 	// variantFleet: the same number of keys spread evenly over the
-	// fleet's ledgers (schemas spread over --databases databases, one pool
-	// per database), one engine per ledger, every pass at once.
+	// fleet's ledgers (schemas spread over --databases databases), one
+	// engine per ledger, every pass at once; each ledger with a pool of its
+	// own of daemon.FleetLedgerConns connections, as serve gives it.
 	variantFleet = "fleet"
 	// variantHung: the fleet's passes beside one more ledger, in a
 	// database of its own behind a proxy that stops forwarding mid-pass.
@@ -60,9 +63,11 @@ type fleetConfig struct {
 	name   string
 	single bool
 	// perLedger: a pool per ledger, its connections seeing that ledger's
-	// statements only; otherwise one per database, shared by its ledgers.
+	// statements only (the fleet's default, as in serve); otherwise one
+	// per database, shared by its ledgers (/db:N).
 	perLedger bool
-	// conns is each pool's MaxConns (and MinConns); 0: --max-conns.
+	// conns is each pool's MaxConns (and MinConns); 0: --max-conns, or
+	// for a pool per ledger daemon.FleetLedgerConns, serve's default.
 	conns int32
 	// generic sets plan_cache_mode=force_generic_plan on every connection.
 	generic bool
@@ -71,7 +76,8 @@ type fleetConfig struct {
 	describe bool
 }
 
-// parseFleetVariant parses a variant's name: single or fleet, then any of
+// parseFleetVariant parses a variant's name: single or fleet (a pool per
+// ledger, of serve's default size), then any of
 //
 //	/db:N      one pool per database of N connections, shared by its
 //	           ledgers (single: its one pool of N)
@@ -90,6 +96,7 @@ func parseFleetVariant(s string) (fleetConfig, error) {
 	case variantSingle:
 		c.single = true
 	case variantFleet:
+		c.perLedger = true
 	default:
 		return c, fmt.Errorf("variant %q: a variant is single or fleet, then any of /db:N, /ledger:N, +generic, +describe", s)
 	}
@@ -137,8 +144,8 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		keys         = fs.Int("keys", 1000, "stuck keys per pass: spread evenly over the fleet's ledgers, or all in the single ledger")
 		concurrency  = fs.Int("concurrency", 32, "reconcile.concurrency of every engine: the single ledger's, each fleet ledger's and the hung ledger's")
 		capacity     = fs.Int("downstream-capacity", -1, "lookups the downstream serves at once, the others waiting their turn (default: --concurrency, so the fleet and the single ledger have the same ideal rate; 0: no bound)")
-		maxConns     = fs.Int("max-conns", 0, "connections of each pool whose variant names none (default: --concurrency+4, the daemon's default for one ledger)")
-		variantsFlag = fs.String("variants", variantSingle+","+variantFleet, "variants measured in every round, comma-separated: single or fleet, then any of /db:N (a pool per database of N connections), /ledger:N (a pool per ledger of N), +generic (plan_cache_mode=force_generic_plan), +describe (pgx QueryExecModeCacheDescribe); e.g. single,single+generic,fleet,fleet/ledger:4,fleet/db:72,fleet+generic. Ratios are against the first single variant")
+		maxConns     = fs.Int("max-conns", 0, "connections of the single ledger's pool when its variant names none (default: --concurrency+4, the daemon's default for one ledger)")
+		variantsFlag = fs.String("variants", variantSingle+","+variantFleet, "variants measured in every round, comma-separated: single or fleet (a pool per ledger of serve's default size), then any of /db:N (a pool per database of N connections, shared by its ledgers), /ledger:N (a pool per ledger of N), +generic (plan_cache_mode=force_generic_plan), +describe (pgx QueryExecModeCacheDescribe); e.g. single,single+generic,fleet,fleet/ledger:4,fleet/db:72,fleet+generic. Ratios are against the first single variant")
 		latency      = fs.Duration("latency", 20*time.Millisecond, "the downstream's answer time")
 		passes       = fs.Int("passes", 3, "measured rounds, each running every variant once in rotating order, after the warm-up passes")
 		bracket      = fs.String("bracket", bracketOff, "the self-check bracket around each batch of verdicts: off (a stored check vouches, a daemon's usual pass) or on (every ledger checks its probe in every pass)")
@@ -149,6 +156,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		reload       = fs.String("reload", reloadTruncate, "how a pass's keys replace the last pass's: truncate (TRUNCATE, then VACUUM ANALYZE: every table gets a new file and new statistics, so every connection's cached plans and catalog entries for it are invalidated before every pass) or delete (DELETE and no VACUUM ANALYZE after the first load: the caches a long-running daemon keeps between passes survive; autovacuum runs as it would)")
 		stmtCache    = fs.Int("statement-cache", 0, "pgx statement_cache_capacity of the engines' pools (0: pgx's default, 512 per connection)")
 		jsonOut      = fs.String("json", "", "also write the results as JSON to FILE")
+		cpuProfile   = fs.String("cpuprofile", "", "write a CPU profile of the measured rounds to FILE, each sample labelled with its variant (go tool pprof -tagfocus variant=fleet/ledger:2)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -244,10 +252,16 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rss0 := selfRSS()
 	load0 := loadAvg()
 	runs := map[string][]fleetPass{}
+	stopProfile, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	for i := range *passes {
 		for j := range variants {
 			v := variants[(i+j)%len(variants)]
-			r, err := b.pass(ctx, v)
+			var r fleetPass
+			pprof.Do(ctx, pprof.Labels("variant", v), func(ctx context.Context) { r, err = b.pass(ctx, v) })
 			if err != nil {
 				return err
 			}
@@ -398,7 +412,12 @@ type hungLedger struct {
 }
 
 // connsOf is the connections of each of c's pools.
-func (b *fleetBench) connsOf(c fleetConfig) int32 { return cmp.Or(c.conns, b.maxConns) }
+func (b *fleetBench) connsOf(c fleetConfig) int32 {
+	if c.perLedger && c.conns == 0 {
+		return int32(daemon.FleetLedgerConns(b.concurrency)) //nolint:gosec // G115: a handful of connections
+	}
+	return cmp.Or(c.conns, b.maxConns)
+}
 
 // poolsOf is how many pools c opens.
 func (b *fleetBench) poolsOf(c fleetConfig, nLedgers, nDatabases int) int {

@@ -13,10 +13,10 @@ func TestFleetVariantNamesSayTheirPools(t *testing.T) {
 		want fleetConfig
 	}{
 		{"single", fleetConfig{single: true}},
-		{"fleet", fleetConfig{}},
+		{"fleet", fleetConfig{perLedger: true}},
 		{"fleet/ledger:4", fleetConfig{perLedger: true, conns: 4}},
 		{"fleet/db:72", fleetConfig{conns: 72}},
-		{"fleet+generic", fleetConfig{generic: true}},
+		{"fleet+generic", fleetConfig{perLedger: true, generic: true}},
 		{"single/db:8+generic+describe", fleetConfig{single: true, conns: 8, generic: true, describe: true}},
 		{"fleet+describe/ledger:2", fleetConfig{perLedger: true, conns: 2, describe: true}},
 	} {
