@@ -203,7 +203,7 @@ func (p *pass) tools(ctx context.Context) ([]string, error) {
 	if len(p.opts.Tools) > 0 {
 		return slices.Sorted(slices.Values(p.opts.Tools)), nil
 	}
-	return store.ProcessingTools(ctx, p.e.pool, 0)
+	return store.ProcessingTools(ctx, p.e.pool)
 }
 
 func sortedKeys(m map[string]bool) []string {

@@ -361,10 +361,12 @@ WHERE ` + duePredicate + `
 ORDER BY k.claimed_at, k.key
 LIMIT $6`
 
-// ProcessingTools lists the tools that have processing keys claimed before
-// now() - olderThan. A loose index scan on the partial index: its cost grows
-// with the number of tools, not of rows.
-func ProcessingTools(ctx context.Context, db ledger.DBTX, olderThan time.Duration) ([]string, error) {
+// ProcessingTools lists the tools that have processing keys. A loose index
+// scan on the partial index: its cost grows with the number of tools, not
+// of rows. Without a parameter, PostgreSQL plans it once per connection
+// (with one, it planned it again on every call: in a fleet, on every
+// ledger's every pass).
+func ProcessingTools(ctx context.Context, db ledger.DBTX) ([]string, error) {
 	engine.Ensure(ctx, db)
 	const q = `
 WITH RECURSIVE t AS (
@@ -373,19 +375,16 @@ WITH RECURSIVE t AS (
 	SELECT (SELECT tool FROM idempotency_keys WHERE status = 'processing' AND tool > t.tool ORDER BY tool LIMIT 1)
 	FROM t WHERE t.tool IS NOT NULL
 )
-SELECT tool FROM t WHERE tool IS NOT NULL
-  AND EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.status = 'processing' AND k.tool = t.tool
-              AND k.claimed_at <= now() - $1::interval)`
+SELECT tool FROM t WHERE tool IS NOT NULL`
 	// Citus runs a recursive CTE only within one shard: there, each shard
 	// lists its own tools from the partial index and the coordinator
 	// merges them (the cost grows with the processing keys, not the tools).
-	const qCitus = `SELECT DISTINCT tool FROM idempotency_keys
-WHERE status = 'processing' AND claimed_at <= now() - $1::interval ORDER BY tool`
+	const qCitus = `SELECT DISTINCT tool FROM idempotency_keys WHERE status = 'processing' ORDER BY tool`
 	query := q
 	if engine.Citus() {
 		query = qCitus
 	}
-	rows, err := db.Query(ctx, query, olderThan)
+	rows, err := db.Query(ctx, query)
 	if err != nil {
 		return nil, wrap("list tools with processing keys", err)
 	}

@@ -112,7 +112,7 @@ func TestLeaseDueRules(t *testing.T) {
 	if ks := keysOf(lease(t, db.Pool, "c", store.LeaseParams{Tool: "other"})); len(ks) != 1 || ks[0] != "other-tool" {
 		t.Fatalf("other tool got %v", ks)
 	}
-	tools, err := store.ProcessingTools(ctx, db.Pool, 30*time.Second)
+	tools, err := store.ProcessingTools(ctx, db.Pool)
 	if err != nil || fmt.Sprint(tools) != "[create_ticket other]" {
 		t.Fatalf("tools = %v, %v", tools, err)
 	}
