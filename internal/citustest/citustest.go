@@ -144,9 +144,10 @@ type Node struct {
 	// Port is its TCP port on 127.0.0.1.
 	Port int
 
+	name    string
 	data    string
 	logPath string
-	cmd     *exec.Cmd
+	cmd     *exec.Cmd // nil while the node is stopped (StopNode)
 	exited  chan struct{}
 }
 
@@ -242,7 +243,20 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*Node, error) {
 }
 
 func (c *Cluster) startPostmaster(ctx context.Context, name, data string, port int) (*Node, error) {
-	n := &Node{Port: port, data: data, logPath: filepath.Join(c.dir, name+".log"), exited: make(chan struct{})}
+	n := &Node{Port: port, name: name, data: data, logPath: filepath.Join(c.dir, name+".log")}
+	if err := c.postmaster(ctx, n, os.O_TRUNC); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// postmaster starts n's server on its data directory and port, its log
+// opened with flag (O_TRUNC at first, O_APPEND on a restart), and waits
+// until it accepts connections.
+func (c *Cluster) postmaster(ctx context.Context, n *Node, flag int) error {
+	name, data, port := n.name, n.data, n.Port
+	exited := make(chan struct{})
+	n.exited = exited
 	args := []string{"-D", data, "-p", strconv.Itoa(port), "-k", c.dir,
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "shared_preload_libraries=citus",
@@ -254,9 +268,9 @@ func (c *Cluster) startPostmaster(ctx context.Context, name, data string, port i
 		"-c", "citus.shard_count=" + strconv.Itoa(ShardCount),
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 	}
-	logf, err := os.Create(n.logPath)
+	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|flag, 0o600) //nolint:gosec // G304: the cluster's own directory
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if c.cred != nil {
 		_ = logf.Chown(int(c.cred.Uid), int(c.cred.Gid))
@@ -270,23 +284,23 @@ func (c *Cluster) startPostmaster(ctx context.Context, name, data string, port i
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, fmt.Errorf("citustest: start %s: %w", name, err)
+		return fmt.Errorf("citustest: start %s: %w", name, err)
 	}
 	go func() {
 		_ = cmd.Wait()
 		logf.Close()
-		close(n.exited)
+		close(exited)
 	}()
 	n.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 	for {
 		select {
-		case <-n.exited:
+		case <-exited:
 			out, _ := os.ReadFile(n.logPath)
-			return nil, fmt.Errorf("citustest: %s exited during start-up: %s", name, strings.TrimSpace(string(out)))
+			return fmt.Errorf("citustest: %s exited during start-up: %s", name, strings.TrimSpace(string(out)))
 		case <-ctx.Done():
 			_ = cmd.Process.Signal(syscall.SIGQUIT)
-			<-n.exited
-			return nil, fmt.Errorf("citustest: %s did not accept connections in time: %w", name, ctx.Err())
+			<-exited
+			return fmt.Errorf("citustest: %s did not accept connections in time: %w", name, ctx.Err())
 		case <-time.After(50 * time.Millisecond): // polling interval
 		}
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -295,7 +309,7 @@ func (c *Cluster) startPostmaster(ctx context.Context, name, data string, port i
 		if err == nil {
 			_ = conn.Close(context.Background())
 			n.cmd = cmd
-			return n, nil
+			return nil
 		}
 	}
 }
@@ -328,26 +342,54 @@ func (c *Cluster) Stop() {
 			if n == nil || n.cmd == nil {
 				continue
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				stop := exec.CommandContext(ctx, filepath.Join(c.bin, "pg_ctl"), "-D", n.data, "-m", "fast", "-w", "-t", "20", "stop") //nolint:gosec // G204: the built server's own program
-				stop.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
-				stop.Env = c.env()
-				_ = stop.Run()
-				select {
-				case <-n.exited:
-				case <-time.After(20 * time.Second):
-					_ = n.cmd.Process.Signal(syscall.SIGQUIT)
-					<-n.exited
-				}
-			}()
+			wg.Go(func() { c.stopNode(n) })
 		}
 		wg.Wait()
 		_ = os.RemoveAll(c.dir)
 	})
+}
+
+// stopNode shuts n down with pg_ctl -m fast, or SIGQUIT (an immediate
+// shutdown) when it has not exited 20 s later, and waits for it to exit.
+func (c *Cluster) stopNode(n *Node) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stop := exec.CommandContext(ctx, filepath.Join(c.bin, "pg_ctl"), "-D", n.data, "-m", "fast", "-w", "-t", "20", "stop") //nolint:gosec // G204: the built server's own program
+	stop.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	stop.Env = c.env()
+	_ = stop.Run()
+	select {
+	case <-n.exited:
+	case <-time.After(20 * time.Second):
+		_ = n.cmd.Process.Signal(syscall.SIGQUIT)
+		<-n.exited
+	}
+	n.cmd = nil
+}
+
+// StopNode shuts one node down (pg_ctl -m fast: its sessions are ended,
+// the coordinator's connections to it among them) and returns once its
+// server has exited: a worker that is down while the cluster runs on. Its
+// data stay; StartNode starts it again. Call it, StartNode and Stop from
+// one goroutine.
+func (c *Cluster) StopNode(n *Node) error {
+	if n.cmd == nil {
+		return fmt.Errorf("citustest: %s is not running", n.name)
+	}
+	c.stopNode(n)
+	return nil
+}
+
+// StartNode starts a node StopNode stopped again, on its data directory
+// and port (its log goes on in the same file), and returns once it
+// accepts connections.
+func (c *Cluster) StartNode(ctx context.Context, n *Node) error {
+	if n.cmd != nil {
+		return fmt.Errorf("citustest: %s is already running", n.name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return c.postmaster(ctx, n, os.O_APPEND)
 }
 
 // Log returns a node's server log so far, for error reports.
