@@ -60,7 +60,13 @@ func FailoverReason(err error) (string, bool) {
 			return ReasonShutdown, true
 		case pe.Code == "0A000" && strings.Contains(pe.Message, "recovery"):
 			return ReasonRecovery, true
-		case strings.HasPrefix(pe.Code, "08"):
+		case strings.HasPrefix(pe.Code, "08") && pe.Severity != "ERROR":
+			// FATAL: the server ends this session. An ERROR of class 08
+			// comes over a session that still works: the server relays a
+			// connection it failed to make itself (a Citus coordinator's
+			// worker is down, a foreign server); this node did not fail
+			// over, and leaving it would only reconnect every connection
+			// to it again and again.
 			return ReasonConnection, true
 		}
 		return "", false

@@ -31,7 +31,10 @@ import (
 func TestFailoverReasonNamesTheErrorsOfAFailover(t *testing.T) {
 	t.Parallel()
 	pg := func(code, msg string) error {
-		return fmt.Errorf("claim key: %w", &pgconn.PgError{Code: code, Message: msg})
+		return fmt.Errorf("claim key: %w", &pgconn.PgError{Severity: "ERROR", Code: code, Message: msg})
+	}
+	pgFatal := func(code, msg string) error {
+		return fmt.Errorf("claim key: %w", &pgconn.PgError{Severity: "FATAL", Code: code, Message: msg})
 	}
 	for _, c := range []struct {
 		name           string
@@ -44,7 +47,9 @@ func TestFailoverReasonNamesTheErrorsOfAFailover(t *testing.T) {
 		{"crash shutdown", pg("57P02", "terminating connection because of crash of another server process"), ledger.ReasonShutdown, false},
 		{"cannot connect now", pg("57P03", "the database system is starting up"), ledger.ReasonShutdown, true},
 		{"during recovery", pg("0A000", "cannot execute LISTEN during recovery"), ledger.ReasonRecovery, true},
-		{"connection exception", pg("08006", "connection failure"), ledger.ReasonConnection, false},
+		{"connection exception", pgFatal("08006", "connection failure"), ledger.ReasonConnection, false},
+		{"protocol violation", pgFatal("08P01", "invalid frontend message type"), ledger.ReasonConnection, false},
+		{"a coordinator's worker unreachable", pg("08006", "connection to the remote node postgres@127.0.0.1:5433 failed with the following error: Connection refused"), "", false},
 		{"connection reset", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, ledger.ReasonConnection, false},
 		{"unexpected EOF", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), ledger.ReasonConnection, false},
 		{"other 0A000", pg("0A000", "cannot use a set-returning function here"), "", false},

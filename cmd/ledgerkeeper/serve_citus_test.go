@@ -243,7 +243,7 @@ http:
 	}
 	completedTicket(t, db, rt, "wf-witness:done")
 	stuckTickets(t, db, rt, first...)
-	serveWith(t, db, cfg, slack)
+	logs := serveWith(t, db, cfg, slack)
 	resolved := func(keys []string) func() bool {
 		return func() bool {
 			return db.Count(t, `idempotency_keys WHERE key = ANY($1) AND status = 'completed'`, keys) == len(keys)
@@ -290,6 +290,15 @@ http:
 	testwait.Eventually(t, func() bool {
 		return db.Count(t, `ledgerkeeper_runs WHERE kind = 'reconcile' AND id > $1`, runsBefore) >= 5
 	}, 30*time.Second, "five reconcile passes with the worker down")
+	// A worker's outage is not a failover of the coordinator: the pool
+	// stays on it, and the failed passes are logged as errors, naming the
+	// worker, not hidden as a failover's echoes.
+	if strings.Contains(logs.String(), "database failed over") {
+		t.Errorf("a worker's outage was taken for a failover of the coordinator:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), `msg="job failed"`) || !strings.Contains(logs.String(), "connection to the remote node") {
+		t.Errorf("no job failure naming the unreachable worker logged at error level:\n%s", logs.String())
+	}
 
 	// The worker is back: every key of the outage is resolved, once; none
 	// of the stopped worker's keys was decided before it was back.
