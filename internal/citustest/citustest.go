@@ -40,7 +40,7 @@ import (
 const EnvBuildScript = "LEDGERKEEPER_CITUS_BUILD"
 
 // EnvCacheDir names the variable that sets where builds go, one directory
-// per Citus version (default: /var/cache/ledgerkeeper as root, else the
+// per Citus and PostgreSQL release (default: /var/cache/ledgerkeeper as root, else the
 // user's cache directory's ledgerkeeper/). The servers' user (postgres,
 // when the tests run as root) must be able to read and run what is there.
 const EnvCacheDir = "LEDGERKEEPER_CITUS_DIR"
@@ -80,13 +80,20 @@ func Build(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	// One build per source tarball: citus-13.2.2.tar.gz builds into
-	// <cache>/ledgerkeeper/citus-13.2.2.
+	// One build per source tarball and PostgreSQL release: citus-13.2.2.tar.gz
+	// against PostgreSQL 15.20 builds into <cache>/citus-13.2.2-pg15.20.
+	// The build copies the server's programs and links its libraries, so a
+	// build kept across an upgrade of the server (apt-get upgrading
+	// postgresql-15) would pair old programs with new libraries.
 	tarballs, _ := filepath.Glob(filepath.Join(filepath.Dir(script), "citus-*.tar.gz"))
 	if len(tarballs) == 0 {
 		return "", fmt.Errorf("citustest: no citus-*.tar.gz beside %s", script)
 	}
-	base := strings.TrimSuffix(filepath.Base(tarballs[0]), ".tar.gz")
+	pg, err := serverRelease(ctx)
+	if err != nil {
+		return "", err
+	}
+	base := strings.TrimSuffix(filepath.Base(tarballs[0]), ".tar.gz") + "-pg" + pg
 	dir, err := cacheDir()
 	if err != nil {
 		return "", err
@@ -118,6 +125,26 @@ func Build(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("citustest: the build in %s has no bin/postgres: %w", out, err)
 	}
 	return bin, nil
+}
+
+// serverRelease is the installed PostgreSQL server's release ("15.20"),
+// from the pg_config of the directory the build script uses ($PGBIN, else
+// /usr/lib/postgresql/15/bin).
+func serverRelease(ctx context.Context) (string, error) {
+	bin := os.Getenv("PGBIN")
+	if bin == "" {
+		bin = "/usr/lib/postgresql/15/bin"
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(bin, "pg_config"), "--version").Output() //nolint:gosec // G204: the server's own program
+	if err != nil {
+		return "", fmt.Errorf("citustest: %s/pg_config --version: %w (apt-get install postgresql-15)", bin, err)
+	}
+	// "PostgreSQL 15.20 (Debian 15.20-0+deb12u1)"
+	f := strings.Fields(string(out))
+	if len(f) < 2 || f[0] != "PostgreSQL" {
+		return "", fmt.Errorf("citustest: %s/pg_config --version said %q, not PostgreSQL's release", bin, strings.TrimSpace(string(out)))
+	}
+	return f[1], nil
 }
 
 // cacheDir is $LEDGERKEEPER_CITUS_DIR, else /var/cache/ledgerkeeper when
