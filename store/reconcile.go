@@ -834,17 +834,18 @@ func TxAt(ctx context.Context, db Beginner, commit func(pgx.Tx, context.Context)
 		return at, false, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after a commit: nothing to roll back
-	start := `SELECT now(), set_config('plan_cache_mode', 'force_generic_plan', true)`
 	engine.Ensure(ctx, tx)
 	if engine.Citus() {
-		// Citus cannot plan its Citus shape of the decisions' locking read
+		// Citus cannot plan its shape of the decisions' locking read
 		// (readOne) generically: every decision failed with "could not
 		// create distributed plan". There, PostgreSQL's own choice stands.
-		start = `SELECT now(), NULL`
+		at, err = TxNow(ctx, tx)
+	} else {
+		err = wrap("read the transaction's time",
+			tx.QueryRow(ctx, `SELECT now(), set_config('plan_cache_mode', 'force_generic_plan', true)`).Scan(&at, nil))
 	}
-	err = tx.QueryRow(ctx, start).Scan(&at, nil)
 	if err != nil {
-		return at, false, wrap("read the transaction's time", err)
+		return at, false, err
 	}
 	if err = fn(tx); err != nil {
 		return at, false, err
