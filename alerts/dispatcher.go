@@ -51,7 +51,8 @@ type Config struct {
 	// BatchSize is the most outbox rows one pass claims. All the rows of
 	// one kind and reason go into one message whatever their number (the
 	// message lists MaxKeysPerMessage and counts the rest), so a pass posts
-	// at most one message per kind and reason. Default 1000.
+	// at most one message per kind and reason, and one per unreachable
+	// Citus worker (shards_unreachable). Default 1000.
 	BatchSize int
 	// Lease is how long claimed rows are reserved for this pass; a crashed
 	// dispatcher's rows are due again once it ends. It must exceed
@@ -235,11 +236,14 @@ type Report struct {
 	RateLimitedUntil *time.Time `json:"rate_limited_until,omitempty"`
 }
 
-// group is the items of one kind and reason: one message.
+// group is the items of one kind and reason (and worker, for alerts
+// about a Citus worker): one message.
 type group struct {
 	kind   Kind
 	reason Reason
-	items  []item
+	// node is the Citus worker the group is about, "" for keys and tools.
+	node  string
+	items []item
 }
 
 // ids are the outbox rows the group's message settles: its items and the
@@ -503,20 +507,23 @@ func (d *Dispatcher) claim(ctx context.Context, token string) (time.Time, []item
 	return now, items, nil
 }
 
-// collapse keeps, per reason and subject (key, or tool for tool-wide
-// alerts), only the newest notice of the pass: when a firing notice and
-// its resolved notice are both pending (at start-up a purge pass and a
-// reconcile pass may raise and resolve the same key before any dispatch),
-// on-call gets one message with the final state, not FIRING then RESOLVED.
-// The older notices are settled with it (marked sent together), and a
-// resolved notice that swallowed a firing one says so.
+// collapse keeps, per reason and subject (key, tool for tool-wide alerts,
+// or worker for shards_unreachable), only the newest notice of the pass:
+// when a firing notice and its resolved notice are both pending (at
+// start-up a purge pass and a reconcile pass may raise and resolve the
+// same key before any dispatch), on-call gets one message with the final
+// state, not FIRING then RESOLVED. The older notices are settled with it
+// (marked sent together), and a resolved notice that swallowed a firing
+// one says so.
 func collapse(items []item) []item {
-	type subject struct{ reason, tool, key string }
+	type subject struct{ reason, tool, key, node string }
 	subj := func(it item) subject {
 		if it.key != "" {
-			return subject{string(it.reason), "", it.key}
+			return subject{reason: string(it.reason), key: it.key}
 		}
-		return subject{string(it.reason), it.tool, ""}
+		// A worker's notices have no tool either: two workers are two
+		// subjects, never one.
+		return subject{reason: string(it.reason), tool: it.tool, node: it.node()}
 	}
 	newest := map[subject]int{}
 	for i, it := range items {
@@ -544,16 +551,19 @@ func collapse(items []item) []item {
 	return out
 }
 
-// groupItems makes one group per kind and reason: firing before resolved,
-// reasons in the order of Reasons, items oldest first.
+// groupItems makes one group per kind and reason, and per worker for
+// alerts about a Citus worker (each worker's outage is a message of its
+// own, never merged with a tool's or another worker's): firing before
+// resolved, reasons in the order of Reasons, then workers by name, items
+// oldest first.
 func groupItems(items []item) []group {
-	byKey := map[[2]string]*group{}
+	byKey := map[[3]string]*group{}
 	var out []*group
 	for _, it := range items {
-		k := [2]string{string(it.kind), string(it.reason)}
+		k := [3]string{string(it.kind), string(it.reason), it.node()}
 		g, ok := byKey[k]
 		if !ok {
-			g = &group{kind: it.kind, reason: it.reason}
+			g = &group{kind: it.kind, reason: it.reason, node: it.node()}
 			byKey[k] = g
 			out = append(out, g)
 		}
@@ -571,6 +581,7 @@ func groupItems(items []item) []group {
 			cmp.Compare(rank(a.reason), rank(b.reason)),
 			strings.Compare(string(a.reason), string(b.reason)),
 			strings.Compare(string(a.kind), string(b.kind)),
+			strings.Compare(a.node, b.node),
 		)
 	})
 	res := make([]group, len(out))

@@ -14,6 +14,14 @@
 // are found with OpenKeyAlertsAfter by the reconciler's sweep, which
 // resolves a page of them at once with ResolveKeys (one statement).
 //
+// A Citus worker the coordinator cannot reach gets one alert of its own,
+// shards_unreachable, whatever the number of keys on its shards: RaiseNode
+// records it under the subject node:HOST:PORT with no tool and no key
+// (NULL in alert_state and alert_outbox; the worker and its shards travel
+// in details), ResolveNode ends it when the worker answers again, and
+// OpenNodeAlerts lists the workers whose alert is open. Readers of the
+// alert tables take tool and key as possibly NULL (coalesce).
+//
 // Retention: purge (package expiry, through its Alerts interface) trims
 // sent outbox rows (PurgeSent) and resolved alert_state rows (TrimState)
 // older than retention.audit_max_age, in bounded batches; pending alerts and
@@ -77,13 +85,18 @@
 //
 // # Messages
 //
-// One message per kind and reason per pass: a header, what the reason
+// One message per kind and reason per pass, and one per kind and worker
+// for shards_unreachable (a worker's outage is never merged into a tool's
+// message nor into another worker's): a header, what the reason
 // means and its runbook section, then one section per alert (key, tool,
 // age, attempts, last probe error or self-check answers, the exact
 // `ledgerkeeper inspect` command and the commands that act on it, with the
 // real key or tool and every required flag; only the outcome to record,
 // --code CODE --body 'JSON', is left for the operator, written so that an
 // unedited paste is refused) up to MaxKeysPerMessage, then "…and N more".
+// A worker's section names it, the shards of idempotency_keys on it, what
+// that means for their keys, the error Citus gave and how to check the
+// worker; it has no key, so no command of ledgerkeeper and no control.
 // When a pass claims several notices for one reason and subject (a firing
 // and its resolved notice, raised and resolved before any dispatch), only
 // the newest is posted and the others are marked sent with it; a resolved

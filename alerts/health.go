@@ -89,7 +89,7 @@ type OpenAlert struct {
 
 // OpenKeyAlerts returns up to limit unresolved per-key alerts, ordered by
 // key and reason. Tool-wide alerts are not included (ResolveTool closes
-// them).
+// them), nor Citus workers' (OpenNodeAlerts lists them).
 func OpenKeyAlerts(ctx context.Context, db DBTX, limit int) ([]OpenAlert, error) {
 	return OpenKeyAlertsAfter(ctx, db, OpenAlert{}, limit)
 }
@@ -125,7 +125,9 @@ func OpenKeyAlertsAfter(ctx context.Context, db DBTX, after OpenAlert, limit int
 }
 
 // PendingByTool counts undelivered alerts per tool, for the per-tool lines
-// of `ledgerkeeper status`. Like Health it reads pending rows only.
+// of `ledgerkeeper status`; alerts about no tool (a Citus worker's,
+// shards_unreachable) count under "". Like Health it reads pending rows
+// only.
 func PendingByTool(ctx context.Context, db DBTX) (map[string]int, error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()

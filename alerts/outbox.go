@@ -19,6 +19,12 @@ type Reason string
 // The alert reasons. Their string values are stored in the outbox and name
 // the runbook sections (runbook.md#<reason>).
 const (
+	// ReasonShardsUnreachable: a Citus worker of the ledger's cluster
+	// cannot be reached from the coordinator, so the keys on its shards of
+	// idempotency_keys can be neither probed nor decided nor purged. One
+	// alert per worker (subject node:HOST:PORT, no tool, no key), not per
+	// key; resolved when the worker answers again (RaiseNode, ResolveNode).
+	ReasonShardsUnreachable Reason = "shards_unreachable"
 	// ReasonDuplicate: the probe found more than one effect for one key:
 	// idempotency was already violated downstream. Alerted at once.
 	ReasonDuplicate Reason = "duplicate_effect"
@@ -51,8 +57,9 @@ const (
 )
 
 // Reasons lists every reason, in the order messages present them.
+// shards_unreachable comes first: it hides every key of its worker.
 var Reasons = []Reason{
-	ReasonDuplicate, ReasonProbeUntrusted, ReasonProbeUnwitnessed, ReasonDedupWindowPassed, ReasonExpiredProcessing,
+	ReasonShardsUnreachable, ReasonDuplicate, ReasonProbeUntrusted, ReasonProbeUnwitnessed, ReasonDedupWindowPassed, ReasonExpiredProcessing,
 	ReasonDownstreamUnreachable, ReasonProbeFailing, ReasonNoProbe,
 }
 
@@ -60,7 +67,8 @@ var Reasons = []Reason{
 type Alert struct {
 	Reason Reason
 	// Tool is always set; Key is empty for tool-wide alerts
-	// (downstream_unreachable).
+	// (downstream_unreachable). An alert about a Citus worker has neither:
+	// RaiseNode raises it, not Raise.
 	Tool    string
 	Key     string
 	Details Details
@@ -80,6 +88,15 @@ type Details struct {
 	Resolution string `json:"resolution,omitempty"`
 	// Keys counts the affected keys of a tool-wide alert.
 	Keys int `json:"keys,omitempty"`
+	// Node is the Citus worker ("host:port") of a shards_unreachable
+	// alert: its outbox rows have no tool and no key, so the dispatcher
+	// tells workers apart by it.
+	Node string `json:"node,omitempty"`
+	// Shards are shard ids of idempotency_keys on Node that could not be
+	// reached, ascending, at most maxStoredShards of them; ShardCount
+	// counts them all.
+	Shards     []int64 `json:"shards,omitempty"`
+	ShardCount int     `json:"shard_count,omitempty"`
 }
 
 // DBTX is a pool or a transaction.
@@ -109,6 +126,12 @@ func Raise(ctx context.Context, db DBTX, a Alert, renotifyAfter time.Duration) (
 	if a.Reason == "" || a.Tool == "" {
 		panic("alerts: Raise needs a reason and a tool")
 	}
+	return raise(ctx, db, subject(a), a, renotifyAfter)
+}
+
+// raise records a firing alert about subj (Raise, RaiseNode). An empty
+// a.Tool or a.Key is stored as NULL.
+func raise(ctx context.Context, db DBTX, subj string, a Alert, renotifyAfter time.Duration) (bool, error) {
 	const upsert = `INSERT INTO alert_state AS s (reason, subject, tool, key) VALUES ($1, $2, $3, $4)
 		ON CONFLICT (reason, subject) DO UPDATE
 		SET last_raised_at = now(), resolved_at = NULL,
@@ -116,7 +139,7 @@ func Raise(ctx context.Context, db DBTX, a Alert, renotifyAfter time.Duration) (
 		WHERE s.resolved_at IS NOT NULL OR s.last_raised_at <= now() - $5::interval
 		RETURNING 1`
 	var one int
-	err := db.QueryRow(ctx, upsert, string(a.Reason), subject(a), a.Tool, nullable(a.Key), renotifyAfter).Scan(&one)
+	err := db.QueryRow(ctx, upsert, string(a.Reason), subj, nullable(a.Tool), nullable(a.Key), renotifyAfter).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -148,15 +171,17 @@ func ResolveTool(ctx context.Context, db DBTX, tool, how string) (int, error) {
 // downstream_unreachable, a passing self-check ends probe_untrusted, and
 // neither ends the other.
 func ResolveToolReason(ctx context.Context, db DBTX, tool string, reason Reason, how string) (int, error) {
-	return resolveReason(ctx, db, "tool:"+tool, tool, "", string(reason), how)
+	return resolveReason(ctx, db, "tool:"+tool, string(reason), Alert{Tool: tool}, how)
 }
 
 func resolve(ctx context.Context, db DBTX, subj, tool, key, how string) (int, error) {
-	return resolveReason(ctx, db, subj, tool, key, "", how)
+	return resolveReason(ctx, db, subj, "", Alert{Tool: tool, Key: key}, how)
 }
 
-// resolveReason resolves the open alerts of subj, of one reason ("": all).
-func resolveReason(ctx context.Context, db DBTX, subj, tool, key, reason, how string) (int, error) {
+// resolveReason resolves the open alerts of subj, of one reason ("": all),
+// and enqueues a resolved notice for each: notice's tool, key and details
+// with the reason and how.
+func resolveReason(ctx context.Context, db DBTX, subj, reason string, notice Alert, how string) (int, error) {
 	rows, err := db.Query(ctx, `UPDATE alert_state SET resolved_at = now()
 		WHERE subject = $1 AND resolved_at IS NULL AND ($2 = '' OR reason = $2) RETURNING reason`, subj, reason)
 	if err != nil {
@@ -167,7 +192,9 @@ func resolveReason(ctx context.Context, db DBTX, subj, tool, key, reason, how st
 		return 0, fmt.Errorf("resolve alerts of %s: %w", subj, err)
 	}
 	for _, r := range reasons {
-		if err := enqueue(ctx, db, Alert{Reason: Reason(r), Tool: tool, Key: key, Details: Details{Resolution: how}}, KindResolved); err != nil {
+		a := notice
+		a.Reason, a.Details.Resolution = Reason(r), how
+		if err := enqueue(ctx, db, a, KindResolved); err != nil {
 			return 0, err
 		}
 	}
@@ -180,12 +207,13 @@ func enqueue(ctx context.Context, db DBTX, a Alert, kind Kind) error {
 	d := &a.Details
 	d.Verdict, d.LastError = safetext.Clean(d.Verdict), safetext.Clean(d.LastError)
 	d.Note, d.Resolution = safetext.Clean(d.Note), safetext.Clean(d.Resolution)
+	d.Node = safetext.Clean(d.Node)
 	details, err := json.Marshal(a.Details)
 	if err != nil {
 		return fmt.Errorf("encode alert details: %w", err)
 	}
 	_, err = db.Exec(ctx, `INSERT INTO alert_outbox (reason, kind, tool, key, details) VALUES ($1, $2, $3, $4, $5)`,
-		string(a.Reason), string(kind), a.Tool, nullable(a.Key), string(details))
+		string(a.Reason), string(kind), nullable(a.Tool), nullable(a.Key), string(details))
 	if err != nil {
 		return fmt.Errorf("enqueue %s alert: %w", a.Reason, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,11 +19,14 @@ import (
 // OutboxRow is one message of the outbox: an alert raised (or resolved)
 // and its delivery to Slack.
 type OutboxRow struct {
-	ID        int64     `json:"id"`
-	Reason    Reason    `json:"reason"`
-	Kind      Kind      `json:"kind"`
-	Tool      string    `json:"tool"`
-	Key       string    `json:"key,omitempty"`
+	ID     int64  `json:"id"`
+	Reason Reason `json:"reason"`
+	Kind   Kind   `json:"kind"`
+	Tool   string `json:"tool"`
+	Key    string `json:"key,omitempty"`
+	// Node is the Citus worker of a shards_unreachable message, which has
+	// no tool and no key.
+	Node      string    `json:"node,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	// Sent: delivered to Slack at SentAt; otherwise pending.
 	Sent   bool       `json:"sent"`
@@ -52,14 +56,14 @@ func (m OutboxRow) Delivery() string {
 	return "pending"
 }
 
-const outboxColumns = `o.id, o.reason, o.kind, coalesce(o.tool, ''), coalesce(o.key, ''), o.created_at, o.status = 'sent', o.sent_at,
+const outboxColumns = `o.id, o.reason, o.kind, coalesce(o.tool, ''), coalesce(o.key, ''), coalesce(o.details->>'node', ''), o.created_at, o.status = 'sent', o.sent_at,
 	o.attempts, o.next_attempt_at, coalesce(o.last_error, ''), coalesce(o.last_error_class, ''), o.last_attempt_at,
 	coalesce(o.details->>'resolution', '')`
 
 func scanOutbox(row pgx.CollectableRow) (OutboxRow, error) {
 	var m OutboxRow
 	var reason, kind, class string
-	err := row.Scan(&m.ID, &reason, &kind, &m.Tool, &m.Key, &m.CreatedAt, &m.Sent, &m.SentAt,
+	err := row.Scan(&m.ID, &reason, &kind, &m.Tool, &m.Key, &m.Node, &m.CreatedAt, &m.Sent, &m.SentAt,
 		&m.Attempts, &m.NextAttemptAt, &m.LastError, &class, &m.LastAttemptAt, &m.Resolution)
 	m.Reason, m.Kind, m.LastErrorClass = Reason(reason), Kind(kind), FailureClass(class)
 	return m, err
@@ -69,11 +73,14 @@ func scanOutbox(row pgx.CollectableRow) (OutboxRow, error) {
 // the message of its latest raise, if the outbox still holds it.
 type FiringAlert struct {
 	Reason Reason `json:"reason"`
-	// Subject is key:<key> or tool:<tool>; with Reason it is the alert's
-	// identity and the page's cursor.
-	Subject       string    `json:"subject"`
-	Tool          string    `json:"tool"`
-	Key           string    `json:"key,omitempty"`
+	// Subject is key:<key>, tool:<tool> or node:<host:port>; with Reason
+	// it is the alert's identity and the page's cursor.
+	Subject string `json:"subject"`
+	Tool    string `json:"tool"`
+	Key     string `json:"key,omitempty"`
+	// Node is the Citus worker of a shards_unreachable alert (subject
+	// node:<host:port>), which has no tool and no key.
+	Node          string    `json:"node,omitempty"`
 	FirstRaisedAt time.Time `json:"first_raised_at"`
 	LastRaisedAt  time.Time `json:"last_raised_at"`
 	// Message is the outbox row of the latest raise: Raise writes the
@@ -89,17 +96,20 @@ func FiringAfter(ctx context.Context, db DBTX, afterSubject string, afterReason 
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	rows, err := db.Query(ctx, `SELECT s.reason, s.subject, coalesce(s.tool, ''), coalesce(s.key, ''), s.first_raised_at, s.last_raised_at,
-			m.id, m.kind, m.created_at, m.sent, m.sent_at, m.attempts, m.next_attempt_at, m.last_error, m.last_error_class, m.last_attempt_at
+			m.id, m.kind, m.created_at, m.sent, m.sent_at, m.attempts, m.next_attempt_at, m.last_error, m.last_error_class, m.last_attempt_at, m.node
 		FROM alert_state s
 		LEFT JOIN LATERAL (
 			SELECT o.id, o.kind, o.created_at, o.status = 'sent' AS sent, o.sent_at, o.attempts, o.next_attempt_at,
-				coalesce(o.last_error, '') AS last_error, coalesce(o.last_error_class, '') AS last_error_class, o.last_attempt_at
+				coalesce(o.last_error, '') AS last_error, coalesce(o.last_error_class, '') AS last_error_class, o.last_attempt_at,
+				coalesce(o.details->>'node', '') AS node
 			FROM alert_outbox o
 			WHERE o.created_at = s.last_raised_at AND o.reason = s.reason AND o.kind = 'firing'
 			  AND o.tool IS NOT DISTINCT FROM s.tool AND o.key IS NOT DISTINCT FROM s.key
+			  -- workers' alerts have no tool and no key: told apart by details.node
+			  AND (NOT starts_with(s.subject, $4) OR o.details->>'node' = substr(s.subject, length($4) + 1))
 			ORDER BY o.id DESC LIMIT 1) m ON true
 		WHERE s.resolved_at IS NULL AND (s.subject, s.reason) > ($1, $2)
-		ORDER BY s.subject, s.reason LIMIT $3`, afterSubject, string(afterReason), limit)
+		ORDER BY s.subject, s.reason LIMIT $3`, afterSubject, string(afterReason), limit, nodeSubjectPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("list firing alerts: %w", err)
 	}
@@ -109,18 +119,22 @@ func FiringAfter(ctx context.Context, db DBTX, afterSubject string, afterReason 
 		var (
 			id                 *int64
 			kind, lastErr, cls *string
+			msgNode            *string
 			created, next      *time.Time
 			sent               *bool
 			sentAt, lastAt     *time.Time
 			attempts           *int
 		)
 		if err := row.Scan(&reason, &a.Subject, &a.Tool, &a.Key, &a.FirstRaisedAt, &a.LastRaisedAt,
-			&id, &kind, &created, &sent, &sentAt, &attempts, &next, &lastErr, &cls, &lastAt); err != nil {
+			&id, &kind, &created, &sent, &sentAt, &attempts, &next, &lastErr, &cls, &lastAt, &msgNode); err != nil {
 			return a, err
 		}
 		a.Reason = Reason(reason)
+		if node, ok := strings.CutPrefix(a.Subject, nodeSubjectPrefix); ok && a.Tool == "" && a.Key == "" {
+			a.Node = node
+		}
 		if id != nil {
-			a.Message = &OutboxRow{ID: *id, Reason: a.Reason, Kind: Kind(*kind), Tool: a.Tool, Key: a.Key, CreatedAt: *created,
+			a.Message = &OutboxRow{ID: *id, Reason: a.Reason, Kind: Kind(*kind), Tool: a.Tool, Key: a.Key, Node: *msgNode, CreatedAt: *created,
 				Sent: *sent, SentAt: sentAt, Attempts: *attempts, NextAttemptAt: *next, LastError: *lastErr,
 				LastErrorClass: FailureClass(*cls), LastAttemptAt: lastAt}
 		}

@@ -33,6 +33,9 @@ const (
 type reasonInfo struct{ title, meaning, next string }
 
 var reasonInfos = map[Reason]reasonInfo{
+	ReasonShardsUnreachable: {"Citus worker unreachable",
+		"The coordinator cannot reach a Citus worker of the ledger's cluster, so nothing can be decided about the keys on its shards until it answers; the rest of the ledger is not held up by it.",
+		"check the worker (`SELECT * FROM citus_check_cluster_node_health()` on the coordinator, `pg_isready` on its host and port, its logs) and bring it back. Nothing to do on the ledger: once the worker answers, its keys are decided on the next passes, none twice."},
 	ReasonDuplicate: {"Duplicate effect downstream",
 		"The probe found more than one effect for one key: the action already happened twice downstream, so idempotency was violated.",
 		"inspect the key, undo the extra effect downstream, then record the one that stands with the command under the key (fill in the code and body the tool returned)."},
@@ -87,6 +90,20 @@ type item struct {
 	// held: the key is on hold now (Config.Held): its buttons offer
 	// Release, not Hold.
 	held bool
+}
+
+// node is the Citus worker the item is about (shards_unreachable: no tool,
+// no key), "" for a key's or a tool's alert.
+func (it item) node() string {
+	if it.key != "" || it.tool != "" {
+		return ""
+	}
+	return it.details.Node
+}
+
+// name is what the item is about: its key, its tool or its worker.
+func (it item) name() string {
+	return cmpStr(it.key, cmpStr(it.tool, it.node()))
 }
 
 // renderer turns the items of one (kind, reason) into a message.
@@ -211,10 +228,14 @@ func (r renderer) render(kind Kind, reason Reason, items []item, now time.Time) 
 	count := plural(len(items), unitOf(items))
 
 	var header, lead string
-	if kind == KindResolved {
+	switch {
+	case kind == KindResolved && reason == ReasonShardsUnreachable:
+		header = "✅ Resolved: " + info.title + " (" + count + ")" + r.ledgerTag()
+		lead = "*No longer needs a human:* the coordinator reaches the worker again; the keys on its shards are decided on the next passes, none twice."
+	case kind == KindResolved:
 		header = "✅ Resolved: " + info.title + " (" + count + ")" + r.ledgerTag()
 		lead = "*No longer needs a human:* these alerts were resolved (by the reconciler, the original attempt, an operator or purge)."
-	} else {
+	default:
 		header = "🔴 " + info.title + ": " + count + r.ledgerTag()
 		lead = "*What it means:* " + escape(info.meaning)
 	}
@@ -287,6 +308,7 @@ func (r renderer) redact(items []item) []item {
 		d.Note = r.red.String(d.Note)
 		d.Resolution = r.red.String(d.Resolution)
 		d.Verdict = r.red.String(d.Verdict)
+		d.Node = r.red.String(d.Node)
 		out[i] = it
 	}
 	return out
@@ -302,6 +324,9 @@ func section(text string) *slack.SectionBlock {
 // downstream goes through escape (via inline, codeBlock or escTrunc), each
 // under a budget that keeps the whole text within 3000 characters.
 func (r renderer) itemText(kind Kind, it item, now time.Time) string {
+	if it.node() != "" {
+		return nodeText(kind, it)
+	}
 	var b strings.Builder
 	d := it.details
 	if it.key == "" {
@@ -469,7 +494,7 @@ func (r renderer) fallback(kind Kind, reason Reason, info reasonInfo, items []it
 	b.WriteString(escape(info.title) + ": " + count + ". Runbook: " + r.runbookRef(reason) + ".")
 	names := make([]string, 0, min(len(items), 5))
 	for _, it := range items[:min(len(items), 5)] {
-		names = append(names, inline(cmpStr(it.key, it.tool), 120))
+		names = append(names, inline(it.name(), 120))
 	}
 	if len(names) > 0 {
 		b.WriteString(" " + strings.Join(names, ", "))
@@ -480,22 +505,27 @@ func (r renderer) fallback(kind Kind, reason Reason, info reasonInfo, items []it
 	return safeCut(b.String(), maxFallback)
 }
 
-// unitOf names what a message counts: keys, tools (tool-wide alerts), or
-// alerts when a reason mixes both.
+// unitOf names what a message counts: keys, tools (tool-wide alerts),
+// workers (Citus workers), or alerts when a reason mixes them.
 func unitOf(items []item) string {
-	keys, tools := 0, 0
+	keys, tools, workers := 0, 0, 0
 	for _, it := range items {
-		if it.key == "" {
-			tools++
-		} else {
+		switch {
+		case it.key != "":
 			keys++
+		case it.node() != "":
+			workers++
+		default:
+			tools++
 		}
 	}
 	switch {
-	case tools == 0:
+	case tools == 0 && workers == 0:
 		return "key"
-	case keys == 0:
+	case keys == 0 && workers == 0:
 		return "tool"
+	case keys == 0 && tools == 0:
+		return "worker"
 	}
 	return "alert"
 }

@@ -10,10 +10,21 @@ var commandRE = regexp.MustCompile("(?m)(?:^|```)(ledgerkeeper [^\n`]*)")
 
 // Every command a firing message suggests names the real key or tool and
 // gives every flag the command requires; nothing says KEY or TOOL
-// (issue 10 item 11).
+// (issue 10 item 11). A worker's message has nothing of ledgerkeeper to
+// run: it checks the worker, with the worker's real host and port.
 func TestNextCommandsAreRunnable(t *testing.T) {
 	r := newRenderer(testRunbook, 20)
 	for _, reason := range Reasons {
+		if reason == ReasonShardsUnreachable {
+			worker := item{reason: reason, kind: KindFiring, details: Details{Node: "10.0.0.7:5432", Shards: []int64{102008}, LastError: "connection refused"}}
+			_, texts := messageTexts(t, r.render(KindFiring, reason, []item{worker}, fixtureNow))
+			all := strings.Join(texts, "\n")
+			if cmds := commandRE.FindAllString(all, -1); len(cmds) != 0 || regexp.MustCompile(`\b(KEY|TOOL|HOST|PORT)\b`).MatchString(all) ||
+				!strings.Contains(all, "```# on the coordinator, in psql:\nSELECT * FROM citus_check_cluster_node_health();\n# from a host that reaches the worker:\npg_isready -h 10.0.0.7 -p 5432```") {
+				t.Errorf("%s: want the worker's checks, with its host and port, and no command of ledgerkeeper:\n%s", reason, all)
+			}
+			continue
+		}
 		items := []item{{reason: reason, kind: KindFiring, tool: "create_ticket", key: "wf-9:step-2",
 			details: Details{Attempts: 3, Verdict: "unknown", LastError: "self-check: completed key wf-1 came back not_found"}}}
 		if reason == ReasonDownstreamUnreachable || reason == ReasonProbeUntrusted {

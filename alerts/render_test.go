@@ -186,6 +186,10 @@ func TestRenderEveryReasonAndKind(t *testing.T) {
 			if reason == ReasonDownstreamUnreachable {
 				items = []item{{reason: reason, kind: kind, tool: "charge_card", details: Details{Keys: 37, LastError: "dial tcp 10.0.0.7:5432: connect: connection refused"}}}
 			}
+			if reason == ReasonShardsUnreachable {
+				items = []item{{reason: reason, kind: kind, details: Details{Node: "10.0.0.7:5432", Shards: []int64{102008, 102012}, ShardCount: 2,
+					LastError: "connection to the remote node postgres@10.0.0.7:5432 failed", Resolution: "reachable again"}}}
+			}
 			m := r.render(kind, reason, items, fixtureNow)
 			checkMessage(t, r, m)
 			_, texts := messageTexts(t, m)
@@ -195,6 +199,9 @@ func TestRenderEveryReasonAndKind(t *testing.T) {
 			}
 			if reason == ReasonDownstreamUnreachable && kind == KindFiring && !strings.Contains(all, "*keys affected* 37") {
 				t.Errorf("tool-wide message:\n%s", all)
+			}
+			if reason == ReasonShardsUnreachable && (!strings.Contains(all, "*Citus worker* `10.0.0.7:5432`") || !strings.Contains(all, "1 worker")) {
+				t.Errorf("a worker's message:\n%s", all)
 			}
 		}
 	}
@@ -289,6 +296,7 @@ func FuzzRender(f *testing.F) {
 	f.Add("wf-1:step-1", "create_ticket", "503", "", "", uint8(0), false)
 	f.Add("&lt;!channel&gt;", "`tool`", "```\n<#C1>\n```", "&", "", uint8(70), true)
 	f.Add("\xff\xfe<", "\u2028<!", "<<<<<<", "<!subteam^S1|team>", "x", uint8(200), false)
+	f.Add("", "", "<!channel> *bold*", "evil<!here>:5432", "`", uint8(0), true) // a worker (no tool, no key)
 	f.Fuzz(func(t *testing.T, key, tool, lastErr, note, resolution string, n uint8, withURL bool) {
 		url := ""
 		if withURL {
@@ -309,7 +317,8 @@ func FuzzRender(f *testing.F) {
 				k = "" // tool-wide
 			}
 			items = append(items, item{id: int64(i), reason: reason, tool: tool, key: k,
-				details: Details{Attempts: i, CreatedAt: &created, LastError: lastErr, Note: note, Resolution: resolution, Verdict: note, Keys: i}})
+				details: Details{Attempts: i, CreatedAt: &created, LastError: lastErr, Note: note, Resolution: resolution, Verdict: note, Keys: i,
+					Node: note, Shards: []int64{int64(i), int64(n)}, ShardCount: i * int(n)}})
 		}
 		for _, kind := range []Kind{KindFiring, KindResolved} {
 			checkMessage(t, r, r.render(kind, reason, items, fixtureNow))
