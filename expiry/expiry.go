@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -220,9 +221,28 @@ type Report struct {
 	// next pass carries on.
 	BudgetExhausted bool    `json:"budget_exhausted"`
 	BudgetSeconds   float64 `json:"budget_seconds"`
+	// UnreachableShards lists the shards of a Citus ledger the pass could
+	// not read (their worker did not answer): their keys were neither
+	// purged nor alerted; the other shards' were.
+	UnreachableShards []store.ShardFault `json:"unreachable_shards,omitempty"`
 	// Error is set when the pass failed part-way (the report says what was
 	// done before).
 	Error string `json:"error,omitempty"`
+}
+
+// skipUnreachable records the shards a read could not reach in the report
+// and returns nil for such a partial read, err otherwise.
+func (r *Report) skipUnreachable(err error) error {
+	e, ok := store.AsShardsUnreachable(err)
+	if !ok {
+		return err
+	}
+	for _, f := range e.Faults {
+		if !slices.ContainsFunc(r.UnreachableShards, func(g store.ShardFault) bool { return g.Shard == f.Shard }) {
+			r.UnreachableShards = append(r.UnreachableShards, f)
+		}
+	}
+	return nil
 }
 
 // TableRows is a number of rows of one table.
@@ -333,6 +353,10 @@ func (p *Purger) RunOnce(ctx context.Context) (Report, error) {
 		// Shutdown: not worth an error line.
 	case err != nil:
 		p.logger.Error("purge pass failed", "err", err, "keys_deleted", rep.KeysDeleted, "batches", rep.Batches)
+	case len(rep.UnreachableShards) > 0:
+		e := &store.ShardsUnreachableError{Op: "purge", Faults: rep.UnreachableShards}
+		p.logger.Warn("purge pass done without the shards of an unreachable Citus worker: their keys wait for it",
+			"err", e.Error(), "keys_deleted", rep.KeysDeleted, "batches", rep.Batches)
 	case rep.KeysDeleted > 0 || rep.AlertsRaised > 0 || rep.BudgetExhausted || rep.TimedOutBatches > 0:
 		p.logger.Info("purge pass done", "keys_deleted", rep.KeysDeleted, "batches", rep.Batches,
 			"duration", rep.Duration, "rows_per_second", int64(rep.RowsPerSecond),
@@ -372,7 +396,7 @@ func (p *Purger) pass(ctx context.Context, conn store.Beginner, rep *Report, dea
 	out, err := p.paced(ctx, rep, pc, deadline, func(ctx context.Context, size int) (bool, error) {
 		p.metrics.setBatchSize(size)
 		res, err := store.PurgeExpiredBatchBy(ctx, conn, p.cfg.BatchShape, p.cfg.policy(), cursor, size)
-		if err != nil {
+		if err = rep.skipUnreachable(err); err != nil {
 			return false, err
 		}
 		cursor = res.Next
@@ -400,7 +424,7 @@ func (p *Purger) pass(ctx context.Context, conn store.Beginner, rep *Report, dea
 		pc := newPacer(p.cfg)
 		out, err := p.paced(ctx, rep, pc, deadline, func(ctx context.Context, size int) (bool, error) {
 			n, err := t.Purge(ctx, conn, p.cfg.AuditMaxAge, size)
-			if err != nil {
+			if err = rep.skipUnreachable(err); err != nil {
 				// Every table's batch that times out shrinks the next,
 				// whichever package's statement it was.
 				return false, store.AsBatchTimeout(err)
@@ -470,7 +494,7 @@ func (p *Purger) paced(ctx context.Context, rep *Report, pc *pacer, deadline tim
 // (bounded per pass), each page in the transaction that reads it.
 func (p *Purger) alertExpired(ctx context.Context, conn store.Beginner, rep *Report, deadline time.Time) error {
 	total, held, err := store.CountExpiredProcessing(ctx, conn)
-	if err != nil {
+	if err = rep.skipUnreachable(err); err != nil {
 		return err
 	}
 	rep.ExpiredProcessing, rep.ExpiredProcessingHeld = total, held
@@ -483,7 +507,7 @@ func (p *Purger) alertExpired(ctx context.Context, conn store.Beginner, rep *Rep
 		var n int
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			keys, err := store.ExpiredProcessingPage(ctx, tx, cursor, alertPage)
-			if err != nil {
+			if err = rep.skipUnreachable(err); err != nil {
 				return err
 			}
 			n = len(keys)

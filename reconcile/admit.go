@@ -21,7 +21,7 @@ func (t *toolRun) admit(ctx context.Context, lp store.LeaseParams) (bool, error)
 	// for, so no probe, check or trial is spent on the tool.
 	lp.Limit = 1
 	due, err := store.PeekDue(ctx, p.e.pool, lp, store.Leased{})
-	if err != nil {
+	if err = skipUnreachable(ctx, err); err != nil {
 		return false, err
 	}
 	if len(due) == 0 {

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"time"
 
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -20,6 +21,9 @@ type Metrics struct {
 	rateWait    *prometheus.CounterVec
 	pauses      *prometheus.CounterVec
 	pausedUntil *prometheus.GaugeVec
+	// unreachableShards: a Citus ledger's workers the last pass could not
+	// reach (shards.go).
+	unreachableShards *prometheus.GaugeVec
 }
 
 // NewMetrics registers the engine's series with reg.
@@ -56,6 +60,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Unix time of the last reconcile pass that finished without error.",
 		}),
 	}
+	m.unreachableShards = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "ledgerkeeper_reconcile_unreachable_shards",
+		Help: "Shards of a Citus ledger the last reconcile pass could not read, by worker (host:port): their keys wait for the worker.",
+	}, []string{"node"})
 	m.rateWait = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledgerkeeper_reconcile_probe_rate_limit_wait_seconds_total",
 		Help: "Seconds probes of a tool waited for its probe.rate_limit (this process), by tool.",
@@ -69,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Unix time until which a downstream's Retry-After paused the tool's probing in this process (in the past: not paused).",
 	}, []string{"tool"})
 	reg.MustRegister(m.probes, m.probeDuration, m.decisions, m.passes, m.passDuration, m.breakerOpens, m.lastPass,
-		m.rateWait, m.pauses, m.pausedUntil)
+		m.rateWait, m.pauses, m.pausedUntil, m.unreachableShards)
 	for _, r := range []string{"ok", "error", "stopped"} {
 		m.passes.WithLabelValues(r) // from zero: the first failure is an increase
 	}
@@ -130,6 +138,21 @@ func (m *Metrics) probePaused(tool string, until time.Time, started bool) {
 		m.pauses.WithLabelValues(tool).Inc()
 	}
 	m.pausedUntil.WithLabelValues(tool).Set(float64(until.UnixMilli()) / 1000)
+}
+
+// observeShards sets the unreachable shards gauge from a pass's faults
+// (nil: every shard read).
+func (m *Metrics) observeShards(e *store.ShardsUnreachableError) {
+	if m == nil {
+		return
+	}
+	m.unreachableShards.Reset()
+	if e == nil {
+		return
+	}
+	for _, node := range e.Nodes() {
+		m.unreachableShards.WithLabelValues(node).Set(float64(len(e.ShardsOn(node))))
+	}
 }
 
 func (m *Metrics) observePass(r Report, err error) {

@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/ledgerkeeper/ledgerkeeper/store"
 )
 
 // KeyResult is one key's line in a pass report.
@@ -77,6 +79,10 @@ type Report struct {
 	// counted; they are due again at once (a paused tool's keys may be
 	// taken again, and decided, later in the same pass).
 	GivenBack int `json:"given_back"`
+	// UnreachableShards lists the shards of a Citus ledger the pass could
+	// not read (their worker did not answer): their keys were left as
+	// they are, and one alert per worker was raised.
+	UnreachableShards []store.ShardFault `json:"unreachable_shards,omitempty"`
 }
 
 // countGivenBack counts keys given back without a verdict, each once

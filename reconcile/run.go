@@ -26,6 +26,11 @@ type pass struct {
 	// as soon as the probe returns, so Concurrency bounds probes in flight,
 	// not probes plus database writes.
 	decisions chan probed
+	// shards collects the shards of a Citus ledger this pass could not
+	// read; listedTools says it listed the tools of every shard that
+	// answered (no --key, no --tool).
+	shards      *shardFaults
+	listedTools bool
 
 	mu     sync.Mutex
 	report Report
@@ -73,6 +78,7 @@ func (e *Engine) Run(ctx context.Context, opts Options) (Report, error) {
 	if opts.Limit > 0 {
 		p.budget.left = opts.Limit
 	}
+	ctx, p.shards = withShardFaults(ctx)
 	tools, err := p.tools(ctx)
 	if err != nil {
 		// The database is down (or the pass was cancelled before it
@@ -129,6 +135,8 @@ type runStats struct {
 	// was not applied, and keys leased and given back without one.
 	Withheld  int `json:"withheld"`
 	GivenBack int `json:"given_back"`
+	// UnreachableShards: the Citus shards the pass could not read.
+	UnreachableShards []store.ShardFault `json:"unreachable_shards,omitempty"`
 }
 
 // finish counts and records the pass. A stop (Options.Stop, or ctx
@@ -149,12 +157,15 @@ func (p *pass) finish(ctx context.Context, err error) (Report, error) {
 	if ctx.Err() != nil {
 		err = errors.Join(err, ctx.Err())
 	}
+	if p.shards != nil {
+		p.settleNodeAlerts(ctx, p.listedTools)
+	}
 	if e.metrics != nil {
 		e.metrics.observePass(p.report, recErr)
 	}
 	if !p.opts.DryRun {
 		stats, _ := json.Marshal(runStats{Stopped: p.report.Stopped, Actions: p.report.Actions, Keys: p.report.Decided, AlertsRaised: p.report.AlertsRaised,
-			Withheld: p.report.Withheld, GivenBack: p.report.GivenBack})
+			Withheld: p.report.Withheld, GivenBack: p.report.GivenBack, UnreachableShards: p.report.UnreachableShards})
 		rec := store.Run{Kind: "reconcile", Actor: e.cfg.Actor, StartedAt: p.report.StartedAt, Stats: stats}
 		if recErr != nil {
 			rec.Error = recErr.Error()
@@ -203,7 +214,10 @@ func (p *pass) tools(ctx context.Context) ([]string, error) {
 	if len(p.opts.Tools) > 0 {
 		return slices.Sorted(slices.Values(p.opts.Tools)), nil
 	}
-	return store.ProcessingTools(ctx, p.e.pool)
+	tools, err := store.ProcessingTools(ctx, p.e.pool)
+	err = skipUnreachable(ctx, err)
+	p.listedTools = err == nil
+	return tools, err
 }
 
 func sortedKeys(m map[string]bool) []string {
@@ -373,6 +387,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 			// As if a lease had found nothing: no statement.
 		case p.opts.DryRun:
 			batch, leaseErr = store.PeekDue(ctx, p.e.pool, lp, after)
+			leaseErr = skipUnreachable(ctx, leaseErr)
 			if len(batch) > 0 {
 				after = batch[len(batch)-1]
 			}
@@ -383,6 +398,7 @@ func (p *pass) runTool(ctx context.Context, tool string) error {
 			// stopping.
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 			batch, drained, leaseErr = store.LeaseDueDrained(lctx, p.e.pool, lp)
+			leaseErr = skipUnreachable(ctx, leaseErr)
 			if leaseErr == nil && (ctx.Err() != nil || p.stopping()) && len(batch) > 0 {
 				keys := make([]string, len(batch))
 				for i, l := range batch {

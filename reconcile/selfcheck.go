@@ -121,7 +121,7 @@ func (e *Engine) SelfCheck(ctx context.Context, tool string) (CheckResult, error
 	}
 	shape, err := store.PeekDue(ctx, e.pool, store.LeaseParams{Tool: tool, Limit: 1,
 		Window: pol.ProcessingWindow + e.cfg.Grace, HeartbeatTimeout: pol.HeartbeatTimeout}, store.Leased{})
-	if err != nil {
+	if err = skipUnreachable(ctx, err); err != nil {
 		return CheckResult{}, err
 	}
 	var body json.RawMessage
@@ -159,7 +159,7 @@ const newestSampleTimeout = 5 * time.Second
 func (e *Engine) drawSamples(ctx context.Context, tool string, pol Policy) ([]sample, error) {
 	n := e.cfg.SelfCheck.Samples
 	recent, err := store.SelfCheckSamples(ctx, e.pool, tool, e.cfg.SelfCheck.MaxAge, n)
-	if err != nil {
+	if err = skipUnreachable(ctx, err); err != nil {
 		return nil, err
 	}
 	out := make([]sample, 0, n)

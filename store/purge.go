@@ -270,12 +270,20 @@ func PurgeExpiredBatchBy(ctx context.Context, db Beginner, shape PurgeShape, p P
 	}
 	p.args() // validates the policy before the transaction starts
 	races := 0
+	// byShard: a worker is down (Citus); the batch is chosen shard by
+	// shard among those that answer, and deleted by key.
+	byShard := false
 	for {
 		var res PurgeBatchResult
+		var faults []ShardFault
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 			var keys []string
 			var err error
-			res, keys, err = deletePurge(ctx, tx, q, p, after, limit)
+			if byShard {
+				res, keys, err = deleteChosen(ctx, tx, p, after, limit, &faults)
+			} else {
+				res, keys, err = deletePurge(ctx, tx, q, p, after, limit)
+			}
 			if err != nil || len(keys) == 0 {
 				return err
 			}
@@ -286,11 +294,15 @@ func PurgeExpiredBatchBy(ctx context.Context, db Beginner, shape PurgeShape, p P
 			races++
 			continue
 		}
+		if err != nil && !byShard && engine.Citus() && NodeUnreachable(err) {
+			byShard = true
+			continue
+		}
 		if err != nil {
 			return PurgeBatchResult{}, wrapPurge("purge expired keys", err)
 		}
 		res.HoldRaces = races
-		return res, nil
+		return res, partial("purge expired keys", faults)
 	}
 }
 
@@ -428,6 +440,9 @@ func CountExpiredProcessing(ctx context.Context, db ledger.DBTX) (total, held in
 	err = db.QueryRow(ctx, `SELECT count(*), count(h.key)
 		FROM idempotency_keys k LEFT JOIN key_holds h ON h.key = k.key
 		WHERE k.status = 'processing' AND k.expires_at < now()`).Scan(&total, &held)
+	if err != nil && engine.Citus() && NodeUnreachable(err) {
+		return countExpiredProcessingByShard(ctx, db)
+	}
 	return total, held, wrap("count expired processing keys", err)
 }
 
@@ -436,6 +451,29 @@ func CountExpiredProcessing(ctx context.Context, db ledger.DBTX) (total, held in
 // in (expires_at, key) order. Run it inside the transaction that raises
 // their alerts.
 func ExpiredProcessingPage(ctx context.Context, db ledger.DBTX, after PurgeCursor, limit int) ([]ExpiredKey, error) {
+	if tx, ok := db.(pgx.Tx); ok && engine.Citus() {
+		// Inside a savepoint: a statement that fails because a worker is
+		// down would abort the caller's transaction, and the read shard by
+		// shard that replaces it (and the alerts after) could not run.
+		var out []ExpiredKey
+		err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			var err error
+			out, err = expiredProcessingPage(ctx, sp, after, limit)
+			return err
+		})
+		if err != nil && NodeUnreachable(err) {
+			return expiredProcessingPageByShard(ctx, db, after, limit)
+		}
+		return out, wrap("list expired processing keys", err)
+	}
+	out, err := expiredProcessingPage(ctx, db, after, limit)
+	if err != nil && engine.Citus() && NodeUnreachable(err) {
+		return expiredProcessingPageByShard(ctx, db, after, limit)
+	}
+	return out, wrap("list expired processing keys", err)
+}
+
+func expiredProcessingPage(ctx context.Context, db ledger.DBTX, after PurgeCursor, limit int) ([]ExpiredKey, error) {
 	at, key := after.args()
 	rows, err := db.Query(ctx, `SELECT k.key, k.tool, k.created_at, k.claimed_at, k.expires_at
 		FROM idempotency_keys k
@@ -445,10 +483,9 @@ func ExpiredProcessingPage(ctx context.Context, db ledger.DBTX, after PurgeCurso
 		ORDER BY k.expires_at, k.key
 		LIMIT $3`, at, key, limit)
 	if err != nil {
-		return nil, wrap("list expired processing keys", err)
+		return nil, err
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ExpiredKey])
-	return out, wrap("list expired processing keys", err)
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[ExpiredKey])
 }
 
 // PurgePreview is what a purge would do now: a dry run.
@@ -574,6 +611,14 @@ func PurgeDaemonBatch(ctx context.Context, db ledger.DBTX, table DaemonTable, ma
 		args = args[:1]
 	}
 	tag, err := db.Exec(ctx, q.del, args...)
+	if err != nil && engine.Citus() && NodeUnreachable(err) {
+		// A worker is down: the trim of this distributed table waits for
+		// it (its rows are days old; the ledger's own purge goes on shard
+		// by shard). Say which shards.
+		if faults, ferr := UnreachableShards(ctx, db); ferr == nil && len(faults) > 0 {
+			return 0, &ShardsUnreachableError{Op: "purge " + string(table), Faults: faults}
+		}
+	}
 	if err != nil {
 		return 0, wrapPurge("purge "+string(table), err)
 	}

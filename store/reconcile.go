@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -129,7 +130,16 @@ func LeaseDueDrained(ctx context.Context, db ledger.DBTX, p LeaseParams) (out []
 			drained = len(counted) == 0 || counted[0].Candidates < p.Limit
 		}
 	}
+	// Shards that could not be read (Citus, a worker down): the keys of
+	// the others are leased, and the error says which were left.
+	unreached, isPartial := AsShardsUnreachable(err)
+	if isPartial {
+		err = nil
+	}
 	if err != nil || len(out) == 0 {
+		if isPartial {
+			return out, drained, unreached
+		}
 		return out, drained, wrap(fmt.Sprintf("lease due keys of tool %q", p.Tool), err)
 	}
 	// A hold committed while the statement ran is invisible to its
@@ -144,21 +154,50 @@ func LeaseDueDrained(ctx context.Context, db ledger.DBTX, p LeaseParams) (out []
 	// written as EXISTS, its plan scanned every lease this pass holds
 	// (thousands while a batch waits for its closing self-check: 20 ms a
 	// lease instead of 2; BENCHMARKS.md, "The self-check bracket").
-	rows, err := db.Query(ctx, `UPDATE reconcile_state s SET lease_owner = NULL, lease_expires_at = NULL
+	var heldKeys []string
+	if isPartial {
+		heldKeys, err = recheckHoldsOneByOne(ctx, db, leased, p.Owner)
+	} else {
+		var rows pgx.Rows
+		rows, err = db.Query(ctx, `UPDATE reconcile_state s SET lease_owner = NULL, lease_expires_at = NULL
 		FROM key_holds h
 		WHERE h.key = ANY($1::text[]) AND s.key = h.key AND s.lease_owner = $2
 		RETURNING s.key`, pgx.QueryExecModeCacheDescribe, leased, p.Owner)
-	if err != nil {
-		return nil, false, wrap("re-check holds of leased keys", err)
+		if err == nil {
+			heldKeys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
 	}
-	heldKeys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, false, wrap("re-check holds of leased keys", err)
 	}
 	if len(heldKeys) > 0 {
 		out = slices.DeleteFunc(out, func(l Leased) bool { return slices.Contains(heldKeys, l.Key.Key) })
 	}
+	if isPartial {
+		return out, drained, unreached
+	}
 	return out, drained, nil
+}
+
+// recheckHoldsOneByOne is the holds' re-check of LeaseDueDrained key by
+// key, each statement routed to its key's shard: while a worker is down
+// (Citus runs the array form on every shard).
+func recheckHoldsOneByOne(ctx context.Context, db ledger.DBTX, keys []string, owner string) ([]string, error) {
+	var held []string
+	for _, k := range keys {
+		var got string
+		err := db.QueryRow(ctx, `UPDATE reconcile_state s SET lease_owner = NULL, lease_expires_at = NULL
+		WHERE s.key = $1 AND s.lease_owner = $2 AND EXISTS (SELECT 1 FROM key_holds h WHERE h.key = $1)
+		RETURNING s.key`, pgx.QueryExecModeCacheDescribe, k, owner).Scan(&got)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return nil, err
+		default:
+			held = append(held, got)
+		}
+	}
+	return held, nil
 }
 
 // countedLease is a row of leaseDue: a key leased, and how many candidates
@@ -234,13 +273,18 @@ ORDER BY c.claimed_at`
 func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []string, from *time.Time) (out []Leased, drained bool, err error) {
 	var afterAt any = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	afterKey := ""
+	var faults []ShardFault
 	for len(out) < p.Limit {
 		want := p.Limit - len(out)
+		var cands []ledger.Key
 		rows, err := db.Query(ctx, leaseCandidates, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, want, afterAt, afterKey, from)
-		if err != nil {
-			return nil, false, err
+		if err == nil {
+			cands, err = pgx.CollectRows(rows, pgx.RowToStructByName[ledger.Key])
 		}
-		cands, err := pgx.CollectRows(rows, pgx.RowToStructByName[ledger.Key])
+		if err != nil && NodeUnreachable(err) {
+			// A worker is down: the shards that answer, one by one.
+			cands, faults, err = leaseCandidatesByShard(ctx, db, p, keys, want, afterAt, afterKey, from)
+		}
 		if err != nil {
 			return nil, false, err
 		}
@@ -256,20 +300,36 @@ func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []st
 			ck[i], cc[i], ch[i] = c.Key, c.ClaimedAt, c.HeartbeatAt
 			byKey[c.Key] = c
 		}
-		rows, err = db.Query(ctx, leaseCandidatesCAS, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, ck, cc, ch, p.IgnoreBackoff, p.Owner, p.Lease)
-		if err != nil {
-			return nil, false, err
-		}
 		var l Leased
 		var key string
-		_, err = pgx.ForEachRow(rows, []any{&key, &l.Attempts, &l.FirstNotFoundAt, &l.LeaseExpiresAt, &l.Now}, func() error {
+		dest := []any{&key, &l.Attempts, &l.FirstNotFoundAt, &l.LeaseExpiresAt, &l.Now}
+		keep := func() error {
 			l.Key = byKey[key]
 			out = append(out, l)
 			l = Leased{}
 			return nil
-		})
-		if err != nil {
-			return nil, false, err
+		}
+		if faults == nil {
+			rows, err := db.Query(ctx, leaseCandidatesCAS, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, ck, cc, ch, p.IgnoreBackoff, p.Owner, p.Lease)
+			if err == nil {
+				_, err = pgx.ForEachRow(rows, dest, keep)
+			}
+			if err != nil {
+				return nil, false, err
+			}
+		} else {
+			for i := range ck {
+				// One key at a time (a pipeline would be one round trip, but
+				// DBTX has no batches): the degraded path, while a worker is
+				// down.
+				rows, err := db.Query(ctx, leaseOneCAS, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, ck[i], cc[i], ch[i], p.IgnoreBackoff, p.Owner, p.Lease)
+				if err == nil {
+					_, err = pgx.ForEachRow(rows, dest, keep)
+				}
+				if err != nil {
+					return nil, false, err
+				}
+			}
 		}
 		last := cands[len(cands)-1]
 		afterAt, afterKey = last.ClaimedAt, last.Key
@@ -284,7 +344,7 @@ func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []st
 		}
 		return strings.Compare(a.Key.Key, b.Key.Key)
 	})
-	return out, drained, nil
+	return out, drained, partial(fmt.Sprintf("lease due keys of tool %q", p.Tool), faults)
 }
 
 // leaseCandidates is leaseDueCitus's read: $1-$5 as in duePredicate, $6
@@ -307,13 +367,27 @@ LIMIT $6`
 // reconcile_state: Citus runs it shard by shard. Its DO UPDATE reads the
 // time from excluded.updated_at (the statement's now()): Citus refuses a
 // function that is not IMMUTABLE there.
-const leaseCandidatesCAS = `
+var leaseCandidatesCAS = leaseCAS(`k.key = ANY($4::text[])
+  AND k.claimed_at = ($5::timestamptz[])[array_position($4::text[], k.key::text)]
+  AND k.heartbeat_at IS NOT DISTINCT FROM ($6::timestamptz[])[array_position($4::text[], k.key::text)]`)
+
+// leaseOneCAS is leaseCandidatesCAS for one key ($4, $5 and $6 its key,
+// claimed_at and heartbeat_at): Citus routes it to the key's shard. While
+// a worker is down the candidates' upsert is sent key by key in one batch,
+// because Citus runs the array form on every shard (it does not prune an
+// INSERT ... SELECT by = ANY), the unreachable ones too.
+var leaseOneCAS = leaseCAS(`k.key = $4::text
+  AND k.claimed_at = $5::timestamptz
+  AND k.heartbeat_at IS NOT DISTINCT FROM $6::timestamptz`)
+
+// leaseCAS is the compare-and-set upsert of leases on the candidates that
+// match says.
+func leaseCAS(match string) string {
+	return `
 INSERT INTO reconcile_state AS s (key, tool, claimed_at, lease_owner, lease_expires_at, updated_at)
 SELECT k.key, k.tool, k.claimed_at, $8::text, now() + $9::interval, now()
 FROM idempotency_keys k
-WHERE k.key = ANY($4::text[])
-  AND k.claimed_at = ($5::timestamptz[])[array_position($4::text[], k.key::text)]
-  AND k.heartbeat_at IS NOT DISTINCT FROM ($6::timestamptz[])[array_position($4::text[], k.key::text)]
+WHERE ` + match + `
   AND k.status = 'processing'
   AND k.tool = $1::text
   AND k.claimed_at <= now() - $2::interval
@@ -324,6 +398,7 @@ WHERE s.claimed_at <> excluded.claimed_at OR (
       (s.lease_expires_at IS NULL OR s.lease_expires_at <= excluded.updated_at)
       AND ($7::bool OR s.next_probe_at IS NULL OR s.next_probe_at <= excluded.updated_at))
 RETURNING s.key, s.attempts, s.first_not_found_at, s.lease_expires_at, s.updated_at`
+}
 
 // PeekDue lists due keys like LeaseDue but leases nothing and locks nothing:
 // for dry runs. It pages by keyset: pass the last key of the previous page
@@ -338,11 +413,14 @@ func PeekDue(ctx context.Context, db ledger.DBTX, p LeaseParams, after Leased) (
 		afterAt = after.ClaimedAt
 	}
 	rows, err := db.Query(ctx, peekDue, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, p.Limit, afterAt, after.Key.Key)
-	if err != nil {
-		return nil, wrap(fmt.Sprintf("list due keys of tool %q", p.Tool), err)
+	var out []Leased
+	if err == nil {
+		// Lax: no lease, so LeaseExpiresAt has no column and stays zero.
+		out, err = pgx.CollectRows(rows, pgx.RowToStructByNameLax[Leased])
 	}
-	// Lax: no lease, so LeaseExpiresAt has no column and stays zero.
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByNameLax[Leased])
+	if err != nil && engine.Citus() && NodeUnreachable(err) {
+		return peekDueByShard(ctx, db, p, keys, afterAt, after.Key.Key)
+	}
 	return out, wrap(fmt.Sprintf("list due keys of tool %q", p.Tool), err)
 }
 
@@ -385,10 +463,13 @@ SELECT tool FROM t WHERE tool IS NOT NULL`
 		query = qCitus
 	}
 	rows, err := db.Query(ctx, query)
-	if err != nil {
-		return nil, wrap("list tools with processing keys", err)
+	var tools []string
+	if err == nil {
+		tools, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	tools, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil && engine.Citus() && NodeUnreachable(err) {
+		return processingToolsByShard(ctx, db)
+	}
 	return tools, wrap("list tools with processing keys", err)
 }
 

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerkeeper/ledgerkeeper/internal/engine"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -35,10 +37,13 @@ LIMIT $3`
 	// audit instead of stopping after limit rows (0.8 s a call in lkbench
 	// reconcile; BENCHMARKS.md, "The self-check bracket").
 	rows, err := db.Query(ctx, q, pgx.QueryExecModeCacheDescribe, tool, maxAge, limit, notGroundTruthActions)
-	if err != nil {
-		return nil, wrap(fmt.Sprintf("draw self-check samples of tool %q", tool), err)
+	var out []ledger.Key
+	if err == nil {
+		out, err = pgx.CollectRows(rows, pgx.RowToStructByName[ledger.Key])
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[ledger.Key])
+	if err != nil && engine.Citus() && NodeUnreachable(err) {
+		return selfCheckSamplesByShard(ctx, db, tool, maxAge, limit)
+	}
 	return out, wrap(fmt.Sprintf("draw self-check samples of tool %q", tool), err)
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/expiry"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/config"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/daemon"
+	"github.com/ledgerkeeper/ledgerkeeper/internal/engine"
 	"github.com/ledgerkeeper/ledgerkeeper/migrations"
 	"github.com/ledgerkeeper/ledgerkeeper/reconcile"
 	"github.com/ledgerkeeper/ledgerkeeper/store"
@@ -180,7 +181,23 @@ func ledgerReady(ctx context.Context, health *daemon.DatabaseHealth, raw *pgxpoo
 		}
 		return fmt.Errorf("database unreachable or not writable: %s", rootCause(err))
 	}
-	return checkSchema(ctx, raw, schema)
+	if err := checkSchema(ctx, raw, schema); err != nil {
+		return err
+	}
+	if !engine.Citus() {
+		return nil
+	}
+	// A Citus coordinator that takes writes may still have a worker down:
+	// the keys of its shards can be neither claimed nor decided.
+	faults, err := store.UnreachableShards(ctx, raw)
+	if err != nil {
+		return fmt.Errorf("ask the Citus workers: %s", rootCause(err))
+	}
+	if len(faults) > 0 {
+		e := &store.ShardsUnreachableError{Op: "shards that cannot be read or written", Faults: faults}
+		return &daemon.Degraded{Reason: e.Error()}
+	}
+	return nil
 }
 
 // ledgerParts are one ledger's services in serve.

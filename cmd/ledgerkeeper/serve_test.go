@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -42,6 +43,13 @@ func newSlackServer(t *testing.T) *slackServer {
 	}))
 	t.Cleanup(s.srv.Close)
 	return s
+}
+
+// messages returns each message posted so far (its text and blocks).
+func (s *slackServer) messages() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.texts)
 }
 
 func (s *slackServer) all() string {

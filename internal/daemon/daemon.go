@@ -125,6 +125,15 @@ type Daemon struct {
 	stopped     bool
 }
 
+// Degraded is a /readyz check's answer for a ledger that works in part:
+// ready (200), with the reason in the body. A Citus ledger with a worker
+// down is one: the other workers' shards are reconciled and purged.
+type Degraded struct {
+	Reason string
+}
+
+func (d *Degraded) Error() string { return "degraded: " + d.Reason }
+
 // readyLedgers answers /readyz for several ledgers: every ledger checked
 // at once, one line each ("ledger billing: ready", "ledger support: not
 // ready: …"); 200 while any is ready, 503 when none is.
@@ -143,7 +152,11 @@ func (d *Daemon) readyLedgers(ctx context.Context, w http.ResponseWriter) {
 	var b strings.Builder
 	ready := 0
 	for i, n := range names {
-		if errs[i] == nil {
+		var deg *Degraded
+		if errors.As(errs[i], &deg) {
+			ready++
+			fmt.Fprintf(&b, "ledger %s: ready, degraded: %s\n", n, deg.Reason)
+		} else if errs[i] == nil {
 			ready++
 			fmt.Fprintf(&b, "ledger %s: ready\n", n)
 		} else {
@@ -454,7 +467,15 @@ func (d *Daemon) handler() http.Handler {
 			return
 		}
 		if d.cfg.Ready != nil {
-			if err := d.cfg.Ready(ctx); err != nil {
+			err := d.cfg.Ready(ctx)
+			var deg *Degraded
+			if errors.As(err, &deg) {
+				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+				w.Header().Set("X-Content-Type-Options", "nosniff")
+				_, _ = fmt.Fprintf(w, "ready, degraded: %s\n", deg.Reason)
+				return
+			}
+			if err != nil {
 				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 				return
 			}
