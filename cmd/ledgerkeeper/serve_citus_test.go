@@ -204,35 +204,7 @@ func TestServeOnCitusResolvesEveryKeyOnceThroughAWorkerOutage(t *testing.T) {
 	gate := newProbeGate(t, rt, inFlight...)
 	slack := newSlackServer(t)
 	addr := freeAddr(t)
-	cfg := writeFile(t, "serve.yaml", fmt.Sprintf(`schedule:
-  reconcile: "@every 1s"
-  purge: "@every 1s"
-  alerts: "@every 1s"
-reconcile:
-  grace: 1s
-  alert_after_attempts: 1
-  lease: 12s
-  backoff_base: 1s
-  backoff_max: 2s
-retention:
-  min_age: 2s
-tools:
-  create_ticket:
-    processing_window: 1s
-    probe:
-      type: http
-      url: "%s/v1/tickets?idempotency_key={key}"
-      match: data
-      response_code: 201
-      timeout: 3s
-alerts:
-  slack:
-    token: xoxb-test-token
-    channel: "#oncall"
-    api_url: "%s/api/"
-http:
-  listen: "%s"
-`, gate.srv.URL, slack.srv.URL, addr))
+	cfg := citusServeConfig(t, gate.srv.URL, slack.srv.URL, addr)
 
 	// 16 stuck keys, 8 on each worker's shards, and 4 expired keys on
 	// each; a completed key whose ticket exists, the probe's witness.
@@ -383,6 +355,42 @@ func shardsText(ids []int64) string {
 		out[i] = strconv.FormatInt(id, 10)
 	}
 	return strings.Join(out, ", ")
+}
+
+// citusServeConfig is serve's configuration for the Citus end-to-end
+// tests: every job each second, a 1 s window, the tickets API at tickets,
+// Slack at slack, the listener at addr.
+func citusServeConfig(t *testing.T, tickets, slack, addr string) string {
+	t.Helper()
+	return writeFile(t, "serve.yaml", fmt.Sprintf(`schedule:
+  reconcile: "@every 1s"
+  purge: "@every 1s"
+  alerts: "@every 1s"
+reconcile:
+  grace: 1s
+  alert_after_attempts: 1
+  lease: 12s
+  backoff_base: 1s
+  backoff_max: 2s
+retention:
+  min_age: 2s
+tools:
+  create_ticket:
+    processing_window: 1s
+    probe:
+      type: http
+      url: "%s/v1/tickets?idempotency_key={key}"
+      match: data
+      response_code: 201
+      timeout: 3s
+alerts:
+  slack:
+    token: xoxb-test-token
+    channel: "#oncall"
+    api_url: "%s/api/"
+http:
+  listen: "%s"
+`, tickets, slack, addr))
 }
 
 // auditedOnce fails the test unless each key has exactly one audit row,
