@@ -84,8 +84,10 @@
 // canaries, its breaker, and whether its probe may decide keys now, judged
 // by the rules the reconciler applies), /ui/alerts (firing alerts with their
 // last message's delivery and who acted from Slack, the outbox's messages,
-// the last day's resolutions) and /ui/runs (ledgerkeeper_runs), the lists
-// paged by keyset. Two buttons on a key's page use Config.Run: "probe now"
+// the last day's resolutions; an unreachable Citus worker's alert, about no
+// tool and no key, is shown as the worker, linked to neither) and /ui/runs
+// (ledgerkeeper_runs), the lists paged by keyset. Two buttons on a key's
+// page use Config.Run: "probe now"
 // (RunConfig.Probe, made by ProbeWith from an engine: the key's probe as
 // `ledgerkeeper probe run` calls it, writing nothing; any signed-in user,
 // one at a time per key and at most one per RunConfig.ProbeEvery) and

@@ -494,6 +494,62 @@ func TestAlertsPageShowsDeliveryAndSlackActsRedactedAndPagesByKeyset(t *testing.
 	wantStatus(t, r.get(t, "bob", "/ui/alerts?before=x"), http.StatusBadRequest)
 }
 
+// A Citus worker's alert (shards_unreachable: no tool, no key) is shown as
+// the worker, escaped, in the firing, resolved and messages tables: no
+// link to an empty tool's checks, no "tool-wide", no link to a key. The
+// tool's and the key's alerts beside it are shown as before.
+func TestAlertsPageNamesTheCitusWorkerOfAWorkerAlert(t *testing.T) {
+	r := newRig(t)
+	r.putKey(t, "a-1", ledger.StatusProcessing, time.Hour)
+	r.raise(t, alerts.Alert{Reason: alerts.ReasonProbeFailing, Tool: cTool, Key: "a-1"})
+	r.raise(t, alerts.Alert{Reason: alerts.ReasonDownstreamUnreachable, Tool: cTool})
+	// As the reconciler does: each in the transaction that found it.
+	tx, err := r.db.Pool.Begin(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(bg) }()
+	for _, node := range []string{"127.0.0.1:9702", "<b>w</b>:9703", "10.0.0.9:5432"} {
+		if _, err := alerts.RaiseNode(bg, tx, alerts.NodeAlert{Node: node, Shards: []int64{102008}}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(bg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alerts.ResolveNode(bg, r.db.Pool, "10.0.0.9:5432", "reachable again"); err != nil {
+		t.Fatal(err)
+	}
+
+	page := r.get(t, "bob", "/ui/alerts")
+	wantStatus(t, page, http.StatusOK)
+	wantNotIn(t, page.Body, `checks#tool-"`, `href="/ui/key?key="`, "<b>w</b>")
+	firing := page.Body[strings.Index(page.Body, `id="firing"`):strings.Index(page.Body, `id="resolved"`)]
+	wantIn(t, firing, `<td colspan="2">Citus worker 127.0.0.1:9702</td>`, `<td colspan="2">Citus worker &lt;b&gt;w&lt;/b&gt;:9703</td>`,
+		`<a href="/ui/checks#tool-create_ticket">create_ticket</a>`, `<a href="/ui/key?key=a-1">a-1</a>`)
+	wantNotIn(t, firing, "10.0.0.9:5432")
+	if n := strings.Count(firing, "tool-wide"); n != 1 {
+		t.Errorf("the firing table says tool-wide %d times, want once (the tool's alert):\n%s", n, firing)
+	}
+	_, row, ok := strings.Cut(firing, "Citus worker 127.0.0.1:9702")
+	if !ok {
+		t.Fatalf("the firing table does not name the worker:\n%s", firing)
+	}
+	row, _, _ = strings.Cut(row, "</tr>")
+	wantIn(t, row, `class="delivery pending">pending</span>, 0 attempt(s)`)
+	wantNotIn(t, row, "<a ")
+
+	resolved := page.Body[strings.Index(page.Body, `id="resolved"`):strings.Index(page.Body, `id="messages"`)]
+	wantIn(t, resolved, `<td>shards_unreachable</td><td colspan="2">Citus worker 10.0.0.9:5432</td>`, "reachable again")
+	wantNotIn(t, resolved, "tool-wide")
+	msgs := page.Body[strings.Index(page.Body, `id="messages"`):]
+	for _, node := range []string{"127.0.0.1:9702", "&lt;b&gt;w&lt;/b&gt;:9703", "10.0.0.9:5432"} {
+		wantIn(t, msgs, `<td>shards_unreachable</td><td colspan="2">Citus worker `+node+`</td>`)
+	}
+	wantIn(t, msgs, `<td>probe_failing</td><td>create_ticket</td><td><a href="/ui/key?key=a-1">a-1</a></td>`,
+		`<td>downstream_unreachable</td><td>create_ticket</td><td></td>`)
+}
+
 func TestRunsPageShowsEachPassReportRedactedAndPagesByKeyset(t *testing.T) {
 	r := newRig(t, func(c *Config) { c.PageSize = 2 })
 	record := func(run store.Run) {

@@ -27,8 +27,15 @@ type statusReport struct {
 	// ProbeChecks are the tools' stored probe self-checks.
 	ProbeChecks []probeCheckStatus    `json:"probe_self_checks"`
 	Alerts      alerts.DeliveryHealth `json:"alerts"`
-	LastRuns    []store.Run           `json:"last_runs"`
-	Warnings    []string              `json:"warnings"`
+	// WorkerAlerts are the firing alerts about Citus workers
+	// (shards_unreachable, one per unreachable worker), which belong to no
+	// tool; WorkerPendingAlerts counts the undelivered messages about
+	// workers (raised or resolved): part of alerts.pending, in no tool's
+	// pending_alerts.
+	WorkerAlerts        []workerAlertStatus `json:"citus_worker_alerts"`
+	WorkerPendingAlerts int                 `json:"citus_worker_pending_alerts"`
+	LastRuns            []store.Run         `json:"last_runs"`
+	Warnings            []string            `json:"warnings"`
 	// Counts says which figures are estimates.
 	Counts countsStatus `json:"counts"`
 }
@@ -59,6 +66,19 @@ type toolStatus struct {
 	PendingAlerts int     `json:"pending_alerts"`
 	// ProbeCheck is the outcome of the tool's stored self-check, if any.
 	ProbeCheck string `json:"probe_self_check,omitempty"`
+}
+
+// workerAlertStatus is a Citus worker's firing alert, as `status` shows
+// it: on a line of its own, since it is about no tool and no key.
+type workerAlertStatus struct {
+	// Node is the worker, "host:port".
+	Node         string        `json:"node"`
+	Reason       alerts.Reason `json:"reason"`
+	FiringSince  time.Time     `json:"firing_since"`
+	LastRaisedAt time.Time     `json:"last_raised_at"`
+	// Delivery is that of the latest raise's message to Slack (delivered,
+	// failing or pending); empty when the outbox no longer holds it.
+	Delivery string `json:"delivery,omitempty"`
 }
 
 // probeCheckStatus is a tool's stored probe self-check, as `status` shows
@@ -148,6 +168,12 @@ func (a *app) statusOf(ctx context.Context, pool *ledgerDB, exact bool) (statusR
 	}
 	pending, err := alerts.PendingByTool(ctx, pool)
 	if err != nil {
+		return st, err
+	}
+	// Messages about a Citus worker have no tool: PendingByTool counts
+	// them under "", which no tool's line shows.
+	st.WorkerPendingAlerts = pending[""]
+	if st.WorkerAlerts, err = workerAlerts(ctx, pool); err != nil {
 		return st, err
 	}
 	p99 := map[string]store.ToolLatency{}
@@ -322,6 +348,17 @@ func printStatus(a *app, st statusReport) {
 		fmt.Fprintf(w, " (oldest %s)", (time.Duration(al.OldestPendingAge) * time.Second).String())
 	}
 	fmt.Fprintln(w)
+	if st.WorkerPendingAlerts > 0 {
+		fmt.Fprintf(w, "  %d of them about Citus workers (in no tool's ALERTS PENDING)\n", st.WorkerPendingAlerts)
+	}
+	for _, n := range st.WorkerAlerts {
+		msg := "its message " + n.Delivery
+		if n.Delivery == "" {
+			msg = "its message no longer in the outbox"
+		}
+		fmt.Fprintf(w, "  Citus worker %s: %s firing since %s, %s; the keys on its shards are not decided until it answers (runbook.md#%s)\n",
+			n.Node, n.Reason, ts(n.FiringSince), msg, n.Reason)
+	}
 	if al.LastError != "" {
 		fmt.Fprintf(w, "  last delivery error (%s): %s\n", al.LastErrorClass, oneLine(al.LastError, 160))
 	}
@@ -353,6 +390,41 @@ func printStatus(a *app, st statusReport) {
 		for _, m := range st.Warnings {
 			fmt.Fprintln(w, "  - "+m)
 		}
+	}
+}
+
+// workerBatch is how many firing alerts workerAlerts reads at a time.
+const workerBatch = 100
+
+// workerAlerts reads the firing alerts about Citus workers, a batch at a
+// time. Their subjects (node:HOST:PORT, alerts.FiringAlert) sort together
+// between the keys' and the tools' (k < n < t in any collation), so the
+// pages start at "node:" and stop at the first alert about something else:
+// a page per workerBatch unreachable workers, whatever the number of keys'
+// alerts.
+func workerAlerts(ctx context.Context, db alerts.DBTX) ([]workerAlertStatus, error) {
+	out := []workerAlertStatus{}
+	after, afterReason := "node:", alerts.Reason("")
+	for {
+		page, err := alerts.FiringAfter(ctx, db, after, afterReason, workerBatch)
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range page {
+			if a.Node == "" {
+				return out, nil
+			}
+			n := workerAlertStatus{Node: a.Node, Reason: a.Reason, FiringSince: a.FirstRaisedAt, LastRaisedAt: a.LastRaisedAt}
+			if a.Message != nil {
+				n.Delivery = a.Message.Delivery()
+			}
+			out = append(out, n)
+		}
+		if len(page) < workerBatch {
+			return out, nil
+		}
+		last := page[len(page)-1]
+		after, afterReason = last.Subject, last.Reason
 	}
 }
 

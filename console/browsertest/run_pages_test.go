@@ -14,6 +14,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/console"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/probes"
@@ -30,7 +31,8 @@ func init() {
 
 // runConsole serves the console with probes and a reconciler over a real
 // HTTP downstream that has the stuck key's ticket, and with a self-check,
-// an open breaker, alerts (one failing delivery, one acted on from Slack)
+// an open breaker, alerts (one failing delivery, one acted on from Slack,
+// one about a Citus worker)
 // and passes in the database.
 func runConsole(t *testing.T) (*pgtest.DB, string) {
 	t.Helper()
@@ -68,6 +70,18 @@ func runConsole(t *testing.T) (*pgtest.DB, string) {
 	db.Exec(t, `INSERT INTO alert_outbox (reason, tool, key, created_at, attempts, last_error, last_error_class, last_attempt_at)
 		SELECT reason, tool, key, last_raised_at, 2, 'slack: 503', 'retryable', now() FROM alert_state`)
 	db.Exec(t, `INSERT INTO reconcile_audit (key, tool, attempt, verdict, action, actor) VALUES ($1, $2, 0, 'operator', 'slack_refused', 'slack:U0BOB')`, key, tool)
+	// An unreachable Citus worker's alert, about no tool and no key.
+	tx, err := db.Pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := alerts.RaiseNode(context.Background(), tx, alerts.NodeAlert{Node: "127.0.0.1:9702", Shards: []int64{102008}}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	for _, run := range []store.Run{
 		{Kind: "reconcile", Actor: "replica-1", StartedAt: time.Now().Add(-time.Minute), Stats: json.RawMessage(`{"actions":{"backoff":2},"keys":2,"withheld":0,"given_back":1}`)},
 		{Kind: "purge", Actor: "replica-1", StartedAt: time.Now().Add(-time.Minute), Stats: json.RawMessage(`{"keys_deleted":10,"batches":1}`), Error: "statement timeout"},
@@ -127,6 +141,9 @@ func TestOperatorReadsTheRunPagesProbesAndReconcilesAKey(t *testing.T) {
 		}
 		if acts := get(t, alice, "slack acts", chromedp.Text(chromedp.CSS("table.alerts"))); !strings.Contains(acts, "slack:U0BOB: slack_refused") {
 			t.Errorf("the alerts page does not say who acted from Slack:\n%s", acts)
+		}
+		if firing := get(t, alice, "firing alerts", chromedp.Text(chromedp.CSS("table.alerts"))); !strings.Contains(firing, "Citus worker 127.0.0.1:9702") {
+			t.Errorf("the alerts page does not name the unreachable Citus worker:\n%s", firing)
 		}
 	}
 	audit := db.Count(t, `reconcile_audit`)
