@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ledgerkeeper/ledgerkeeper/internal/engine"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
@@ -19,9 +21,34 @@ func ExtendLeases(ctx context.Context, db ledger.DBTX, keys []string, owner stri
 	rows, err := db.Query(ctx, `UPDATE reconcile_state SET lease_expires_at = now() + $3::interval, updated_at = now()
 		WHERE key = ANY($1::text[]) AND lease_owner = $2
 		RETURNING key`, keys, owner, lease)
-	if err != nil {
-		return nil, wrap("extend leases", err)
+	var out []string
+	if err == nil {
+		out, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil && engine.Citus() && NodeUnreachable(err) {
+		return extendLeasesOneByOne(ctx, db, keys, owner, lease)
+	}
 	return out, wrap("extend leases", err)
+}
+
+// extendLeasesOneByOne is ExtendLeases key by key, each statement on its
+// key's shard: while a Citus worker is down (Citus runs the = ANY form on
+// every shard). The leases of the keys on the unreachable worker are not
+// renewed: their decisions cannot be written before it is back anyway.
+func extendLeasesOneByOne(ctx context.Context, db ledger.DBTX, keys []string, owner string, lease time.Duration) ([]string, error) {
+	var out []string
+	for _, k := range keys {
+		var got string
+		err := db.QueryRow(ctx, `UPDATE reconcile_state SET lease_expires_at = now() + $3::interval, updated_at = now()
+			WHERE key = $1 AND lease_owner = $2
+			RETURNING key`, k, owner, lease).Scan(&got)
+		switch {
+		case err == nil:
+			out = append(out, got)
+		case errors.Is(err, pgx.ErrNoRows), NodeUnreachable(err):
+		default:
+			return out, wrap("extend leases", err)
+		}
+	}
+	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -179,6 +180,17 @@ func LeaseDueDrained(ctx context.Context, db ledger.DBTX, p LeaseParams) (out []
 	return out, drained, nil
 }
 
+// batchSender is what of a pool or a transaction pipelines statements.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// leaseByShard makes leaseDueCitus take the shape it takes while a worker
+// is down (the candidates read shard by shard, leased key by key) with
+// every worker up: for the side-by-side measure of both shapes
+// (BenchmarkCitusLeaseShapes).
+var leaseByShard atomic.Bool
+
 // recheckHoldsOneByOne is the holds' re-check of LeaseDueDrained key by
 // key, each statement routed to its key's shard: while a worker is down
 // (Citus runs the array form on every shard).
@@ -274,15 +286,22 @@ func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []st
 	var afterAt any = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	afterKey := ""
 	var faults []ShardFault
+	byShard := leaseByShard.Load()
 	for len(out) < p.Limit {
 		want := p.Limit - len(out)
 		var cands []ledger.Key
-		rows, err := db.Query(ctx, leaseCandidates, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, want, afterAt, afterKey, from)
-		if err == nil {
-			cands, err = pgx.CollectRows(rows, pgx.RowToStructByName[ledger.Key])
+		var err error
+		if !byShard {
+			var rows pgx.Rows
+			rows, err = db.Query(ctx, leaseCandidates, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, keys, p.IgnoreBackoff, want, afterAt, afterKey, from)
+			if err == nil {
+				cands, err = pgx.CollectRows(rows, pgx.RowToStructByName[ledger.Key])
+			}
+			// A worker is down: the shards that answer, one by one, and
+			// their keys leased one by one.
+			byShard = err != nil && NodeUnreachable(err)
 		}
-		if err != nil && NodeUnreachable(err) {
-			// A worker is down: the shards that answer, one by one.
+		if byShard {
 			cands, faults, err = leaseCandidatesByShard(ctx, db, p, keys, want, afterAt, afterKey, from)
 		}
 		if err != nil {
@@ -309,7 +328,7 @@ func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []st
 			l = Leased{}
 			return nil
 		}
-		if faults == nil {
+		if !byShard {
 			rows, err := db.Query(ctx, leaseCandidatesCAS, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, ck, cc, ch, p.IgnoreBackoff, p.Owner, p.Lease)
 			if err == nil {
 				_, err = pgx.ForEachRow(rows, dest, keep)
@@ -317,11 +336,21 @@ func leaseDueCitus(ctx context.Context, db ledger.DBTX, p LeaseParams, keys []st
 			if err != nil {
 				return nil, false, err
 			}
+		} else if bd, ok := db.(batchSender); ok {
+			// Key by key, pipelined: one round trip, one implicit
+			// transaction (a pool's, as LeaseDue commits before it returns).
+			batch := &pgx.Batch{}
+			for i := range ck {
+				batch.Queue(leaseOneCAS, p.Tool, p.Window, p.HeartbeatTimeout, ck[i], cc[i], ch[i], p.IgnoreBackoff, p.Owner, p.Lease).Query(func(rows pgx.Rows) error {
+					_, err := pgx.ForEachRow(rows, dest, keep)
+					return err
+				})
+			}
+			if err := bd.SendBatch(ctx, batch).Close(); err != nil {
+				return nil, false, err
+			}
 		} else {
 			for i := range ck {
-				// One key at a time (a pipeline would be one round trip, but
-				// DBTX has no batches): the degraded path, while a worker is
-				// down.
 				rows, err := db.Query(ctx, leaseOneCAS, pgx.QueryExecModeCacheDescribe, p.Tool, p.Window, p.HeartbeatTimeout, ck[i], cc[i], ch[i], p.IgnoreBackoff, p.Owner, p.Lease)
 				if err == nil {
 					_, err = pgx.ForEachRow(rows, dest, keep)
@@ -803,6 +832,18 @@ func ReleaseLease(ctx context.Context, db ledger.DBTX, key, owner string) error 
 func ReleaseLeases(ctx context.Context, db ledger.DBTX, keys []string, owner string) error {
 	_, err := db.Exec(ctx, `UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 		WHERE key = ANY($1::text[]) AND lease_owner = $2`, keys, owner)
+	if err != nil && engine.Citus() && NodeUnreachable(err) {
+		// A worker is down: key by key, each on its key's shard; the
+		// leases on the unreachable worker lapse by themselves.
+		for _, k := range keys {
+			_, err := db.Exec(ctx, `UPDATE reconcile_state SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+				WHERE key = $1 AND lease_owner = $2`, k, owner)
+			if err != nil && !NodeUnreachable(err) {
+				return wrap("release leases", err)
+			}
+		}
+		return nil
+	}
 	return wrap("release leases", err)
 }
 

@@ -137,6 +137,26 @@ func TestReadsThatFindWorkSkipTheShardsOfAStoppedWorker(t *testing.T) {
 		t.Errorf("leased %v, want the live worker's stuck keys %v", got, keys[live.Port]["stuck"])
 	}
 
+	// Renewing and giving back the leases: key by key, the stopped
+	// worker's keys left out.
+	all := append(keysOf(leased), keys[down.Port]["stuck"]...)
+	renewed, err := store.ExtendLeases(ctx, pool, all, "r1", 2*time.Minute)
+	if err != nil {
+		t.Fatalf("ExtendLeases with a worker down: %v", err)
+	}
+	if slices.Sort(renewed); !slices.Equal(renewed, sorted(keys[live.Port]["stuck"])) {
+		t.Errorf("renewed %v, want the live worker's leased keys", renewed)
+	}
+	if err := store.ReleaseLeases(ctx, pool, all, "r1"); err != nil {
+		t.Fatalf("ReleaseLeases with a worker down: %v", err)
+	}
+	again, _, err := store.LeaseDueDrained(ctx, pool, store.LeaseParams{Tool: "create_ticket", Window: time.Minute, HeartbeatTimeout: time.Minute,
+		Limit: 10, Owner: "r1", Lease: time.Minute})
+	partialOf("LeaseDueDrained after ReleaseLeases", err)
+	if len(again) != 3 {
+		t.Errorf("leased %v after giving the leases back, want the live worker's 3 keys again", keysOf(again))
+	}
+
 	samples, err := store.SelfCheckSamples(ctx, pool, "create_ticket", time.Hour, 10)
 	partialOf("SelfCheckSamples", err)
 	var got []string
