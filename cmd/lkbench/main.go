@@ -7,10 +7,13 @@
 //	lkbench reconcile [flags]   reconcile throughput, durable vs non-durable commits
 //	lkbench hotpath [flags]     the tool side's middleware against the raw minimum
 //	lkbench fleet [flags]       one process over many ledgers against one ledger; a ledger whose database hangs
+//	lkbench engines [flags]     claims and a reconcile pass on PostgreSQL against Citus, with each node's CPU
 //
 // Each subcommand runs against an ephemeral durable cluster started from the
 // local PostgreSQL binaries (fsync on, so WAL and commit costs are real), or
-// against --database-url (a server where the user may create databases).
+// against --database-url (a server where the user may create databases);
+// engines starts its own servers, all non-durable as internal/citustest's
+// Citus nodes are.
 // Results go to stdout as a table (and --json FILE); progress to stderr.
 // BENCHMARKS.md records the runs and the commands that reproduce them.
 package main
@@ -36,6 +39,7 @@ var subcommands = map[string]struct {
 	"rss":        {"peak RSS of the ledgerkeeper binary's pass over stuck backlogs of several sizes", runRSS},
 	"hotpath":    {"ledger.Middleware against the raw minimum at open-loop arrival rates; Claim under contention", runHotPath},
 	"reconcile":  {"reconcile throughput against a 20 ms downstream, durable and non-durable clusters side by side", runReconcile},
+	"engines":    {"claims/s and reconcile keys/s on plain PostgreSQL against a Citus coordinator and 2 workers, CPU per node", runEngines},
 	"fleet":      {"reconcile over 50 ledgers (schemas of two databases) against the same keys in one; the others beside a ledger whose database hangs", runFleet},
 }
 

@@ -753,7 +753,11 @@ func selfCPU() time.Duration {
 // reaped (cutime+cstime), so a backend that exits mid-pass still counts.
 type pgCPU struct{ postmaster int }
 
-func newPGCPU(ctx context.Context, db *pgxpool.Pool) (*pgCPU, error) {
+// newPGCPU finds the postmaster of db's server: the parent of db's
+// backend. db is a pool or a connection on that server.
+func newPGCPU(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) (*pgCPU, error) {
 	var backend int
 	if err := db.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
 		return nil, err
