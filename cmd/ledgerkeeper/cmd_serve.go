@@ -191,7 +191,9 @@ func ledgerReady(ctx context.Context, health *daemon.DatabaseHealth, raw *pgxpoo
 	// the keys of its shards can be neither claimed nor decided.
 	faults, err := store.UnreachableShards(ctx, raw)
 	if err != nil {
-		return fmt.Errorf("ask the Citus workers: %s", rootCause(err))
+		// The coordinator takes writes; only the workers' check failed
+		// (a managed service's role may not run commands on the workers).
+		return &daemon.Degraded{Reason: "cannot ask the Citus workers: " + rootCause(err)}
 	}
 	if len(faults) > 0 {
 		e := &store.ShardsUnreachableError{Op: "shards that cannot be read or written", Faults: faults}
