@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/ledgerkeeper/ledgerkeeper/alerts"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/secret"
 	"github.com/ledgerkeeper/ledgerkeeper/ledger"
@@ -670,4 +671,20 @@ func TestOverviewListsFiringAlertsAndSaysWhenThereAreMore(t *testing.T) {
 	if n := strings.Count(more.Body, "no_probe · "); n != maxFiring {
 		t.Errorf("%d alerts listed, want %d", n, maxFiring)
 	}
+}
+
+// A Citus worker's shards_unreachable alert is named at the top of the
+// overview (the key alerts below do not show it), escaped.
+func TestOverviewNamesTheUnreachableCitusWorkers(t *testing.T) {
+	r := newRig(t)
+	resp := r.get(t, "bob", "/ui/")
+	wantNotIn(t, resp.Body, "Citus worker")
+	for _, node := range []string{"10.0.0.7:5432", "<i>w</i>:5433"} {
+		if _, err := alerts.RaiseNode(bg, r.db.Pool, alerts.NodeAlert{Node: node, Shards: []int64{102008}}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp = r.get(t, "bob", "/ui/")
+	wantIn(t, resp.Body, "<strong>Citus workers unreachable</strong>", "<code>10.0.0.7:5432</code>", "<code>&lt;i&gt;w&lt;/i&gt;:5433</code>")
+	wantNotIn(t, resp.Body, "<i>w</i>", "Not shown while")
 }

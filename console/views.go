@@ -160,7 +160,13 @@ type overviewData struct {
 	Firing    []alerts.OpenAlert
 	// FiringMore: more alerts fire than Firing lists (and counts).
 	FiringMore bool
-	Holds      []store.Hold
+	// Workers are the Citus workers whose shards_unreachable alert fires:
+	// keys on their shards wait for them.
+	Workers []string
+	// Partial says what the page could not read because a Citus worker is
+	// down (the counts and holds read every shard); the rest is shown.
+	Partial string
+	Holds   []store.Hold
 	// Live is the live part's own: charts, probe pauses (live.go).
 	Live liveView
 }
@@ -188,6 +194,11 @@ func (h *Handler) loadOverview(ctx context.Context) (d overviewData, what string
 	defer cancel()
 	db := h.cfg.Pool
 	counts, err := store.StatsWith(ctx, db, h.storeWindows(), store.StatsOptions{})
+	partial := ""
+	if err != nil && store.NodeUnreachable(err) {
+		// A Citus worker is down: the rest of the page still answers.
+		partial, err = "the counts per tool", nil
+	}
 	if err != nil {
 		return d, "reading the counts", err
 	}
@@ -199,7 +210,7 @@ func (h *Handler) loadOverview(ctx context.Context) (d overviewData, what string
 	if err != nil {
 		return d, "reading the self-checks", err
 	}
-	d = overviewData{Estimated: counts.Estimated}
+	d = overviewData{Estimated: counts.Estimated, Partial: partial}
 	if d.Runs, err = store.LastRuns(ctx, db); err != nil {
 		return d, "reading the last passes", err
 	}
@@ -210,7 +221,13 @@ func (h *Handler) loadOverview(ctx context.Context) (d overviewData, what string
 	if d.Firing, err = alerts.OpenKeyAlerts(ctx, db, maxFiring+1); err != nil {
 		return d, "reading the firing alerts", err
 	}
-	if d.Holds, err = store.ListHolds(ctx, db); err != nil {
+	if d.Workers, err = alerts.OpenNodeAlerts(ctx, db); err != nil {
+		return d, "reading the firing alerts", err
+	}
+	if d.Holds, err = store.ListHolds(ctx, db); err != nil && store.NodeUnreachable(err) {
+		d.Partial, err = strings.TrimPrefix(d.Partial+" and the holds", " and "), nil
+	}
+	if err != nil {
 		return d, "reading the holds", err
 	}
 	if len(d.Firing) > maxFiring {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/ledgerkeeper/ledgerkeeper/internal/citustest"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/engine"
@@ -289,6 +290,13 @@ func TestServeOnCitusResolvesEveryKeyOnceThroughAWorkerOutage(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, "degraded") || !strings.Contains(body, node) || !strings.Contains(body, shardsText(downShards)) {
 		t.Errorf("/readyz with a worker down: %d %q; want 200 naming %s and its shards %s", code, body, node, shardsText(downShards))
 	}
+	// The console's overview answers, names the worker and says what it
+	// cannot show.
+	code, page := httpDo(t, http.MethodGet, "http://"+addr+"/ui/", "alice", "alice-pw", nil)
+	if code != http.StatusOK || !strings.Contains(page, "Citus worker unreachable") || !strings.Contains(page, node) ||
+		!strings.Contains(page, "Not shown while a Citus worker is down") {
+		t.Errorf("the console's overview with a worker down: %d\n%s", code, page)
+	}
 	// One alert names the worker, however many passes and keys met it.
 	workerAlerts := func() int {
 		n := 0
@@ -345,6 +353,10 @@ func TestServeOnCitusResolvesEveryKeyOnceThroughAWorkerOutage(t *testing.T) {
 	if body := get(t, "http://"+addr+"/readyz"); strings.Contains(body, "degraded") {
 		t.Errorf("/readyz with every worker back: %q", body)
 	}
+	if code, page := httpDo(t, http.MethodGet, "http://"+addr+"/ui/", "alice", "alice-pw", nil); code != http.StatusOK ||
+		strings.Contains(page, "Citus worker unreachable") || strings.Contains(page, "Not shown") {
+		t.Errorf("the console's overview with every worker back: %d\n%s", code, page)
+	}
 	t.Logf("done at %s", time.Since(start).Round(time.Millisecond))
 }
 
@@ -362,6 +374,10 @@ func shardsText(ids []int64) string {
 // Slack at slack, the listener at addr.
 func citusServeConfig(t *testing.T, tickets, slack, addr string) string {
 	t.Helper()
+	hash, err := bcrypt.GenerateFromPassword([]byte("alice-pw"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return writeFile(t, "serve.yaml", fmt.Sprintf(`schedule:
   reconcile: "@every 1s"
   purge: "@every 1s"
@@ -390,7 +406,9 @@ alerts:
     api_url: "%s/api/"
 http:
   listen: "%s"
-`, tickets, slack, addr))
+console:
+  users: {alice: %q}
+`, tickets, slack, addr, hash))
 }
 
 // auditedOnce fails the test unless each key has exactly one audit row,
