@@ -486,8 +486,15 @@ func TestMiddlewareCompletesAReclaimedKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The first claim is older than the retry's: created_at stays, claimed_at moves.
-	b.db.Exec(t, `UPDATE idempotency_keys SET created_at = created_at - interval '1 minute', claimed_at = claimed_at - interval '1 minute' WHERE key = 'k'`)
+	// The first claim is older than the retry's: created_at stays, claimed_at
+	// moves. The times are bound, not computed from the columns: Citus
+	// refuses date arithmetic on a column in an UPDATE.
+	k0, err := ledger.Get(ctx, b.db.Pool, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.db.Exec(t, `UPDATE idempotency_keys SET created_at = $1, claimed_at = $2 WHERE key = 'k'`,
+		k0.CreatedAt.Add(-time.Minute), first.Row.ClaimedAt.Add(-time.Minute))
 	if err := ledger.Abandon(ctx, b.db.Pool, "k", first.Row.ClaimedAt.Add(-time.Minute)); err != nil {
 		t.Fatal(err)
 	}

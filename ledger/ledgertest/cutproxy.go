@@ -3,6 +3,7 @@ package ledgertest
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -11,12 +12,14 @@ import (
 
 // CutProxy forwards TCP connections to a PostgreSQL server and, when
 // armed with a statement's text, cuts the connection that runs it at the
-// worst moment of a failover: after the server answered its execution (the
-// commit happened, the answer is lost) or before its execution reached the
-// server (nothing happened; the client cannot know). Point a pool at Addr
-// with one connection (pool_max_conns=1) on a fresh pool, so that pgx
-// prepares the statement (its text) before executing it (no text): the
-// proxy recognises the execution as the client's next message.
+// worst moment of a failover: after the server answered its execution (its
+// ReadyForQuery: the commit happened, the answer is lost; a notice sent
+// while the statement runs, as a Citus coordinator's, is not the answer)
+// or before its execution reached the server (nothing happened; the client
+// cannot know). Point a pool at Addr with one connection
+// (pool_max_conns=1) on a fresh pool, so that pgx prepares the statement
+// (its text) before executing it (no text): the proxy recognises the
+// execution as the client's next message.
 type CutProxy struct {
 	ln      net.Listener
 	backend string
@@ -88,6 +91,7 @@ func (p *CutProxy) pipe(client, server net.Conn) {
 	go func() {
 		defer close(done)
 		buf := make([]byte, 64<<10)
+		var answer []byte // the server's messages since the execution, dropped
 		for {
 			n, err := server.Read(buf)
 			if err != nil {
@@ -95,6 +99,10 @@ func (p *CutProxy) pipe(client, server net.Conn) {
 				return
 			}
 			if state.Load() == executed {
+				answer = append(answer, buf[:n]...)
+				if !readyForQuery(answer) {
+					continue // the statement still runs: wait for its end
+				}
 				p.cuts.Add(1)
 				_ = client.Close() // the answer is dropped
 				_ = server.Close()
@@ -134,4 +142,23 @@ func (p *CutProxy) pipe(client, server net.Conn) {
 	}
 	_ = server.Close()
 	<-done
+}
+
+// readyForQuery reports whether msgs, the server's messages from a message
+// boundary on, hold a ReadyForQuery: the statement's end, its transaction
+// committed or rolled back. Each message is a type byte and an int32 length
+// that counts itself:
+// https://www.postgresql.org/docs/current/protocol-message-formats.html
+func readyForQuery(msgs []byte) bool {
+	for len(msgs) >= 5 {
+		n := int(binary.BigEndian.Uint32(msgs[1:5]))
+		if msgs[0] == 'Z' {
+			return true
+		}
+		if n < 4 || len(msgs) < 1+n {
+			return false
+		}
+		msgs = msgs[1+n:]
+	}
+	return false
 }

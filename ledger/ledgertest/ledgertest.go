@@ -8,6 +8,11 @@
 // local PostgreSQL binaries (package pgembed). When neither works, the test
 // binary fails with what was tried: the database tests are never skipped.
 //
+// With LEDGERKEEPER_TEST_CITUS_WORKERS set as well (EnvCitusWorkers), that
+// server is a Citus coordinator and the tests run on a distributed ledger:
+// each database is made on every node and its idempotency_keys distributed
+// by key. Citus reports the mode.
+//
 // Use it from TestMain:
 //
 //	func TestMain(m *testing.M) { ledgertest.Main(m) }
@@ -117,6 +122,15 @@ func start(ctx context.Context) (func(), error) {
 	stop := func() {}
 	if u := os.Getenv(EnvURL); u != "" {
 		serverURL = u
+		if w := os.Getenv(EnvCitusWorkers); w != "" {
+			c, err := parseCitus(u, w)
+			if err != nil {
+				return nil, err
+			}
+			cluster = c
+		}
+	} else if os.Getenv(EnvCitusWorkers) != "" {
+		return nil, fmt.Errorf("%s is set but %s, the coordinator's URL, is not", EnvCitusWorkers, EnvURL)
 	} else {
 		srv, err := pgembed.Start(ctx, pgembed.Options{})
 		if err != nil {
@@ -133,8 +147,12 @@ func start(ctx context.Context) (func(), error) {
 
 func templateName() string { return prefix + "_template" }
 
-// prepareTemplate creates this binary's template database holding Schema.
+// prepareTemplate creates this binary's template database holding Schema
+// (on Citus, on every node, the table distributed).
 func prepareTemplate(ctx context.Context) error {
+	if cluster != nil {
+		return cluster.prepareTemplate(ctx, templateName())
+	}
 	conn, err := pgx.Connect(ctx, serverURL)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
@@ -155,7 +173,12 @@ func prepareTemplate(ctx context.Context) error {
 	return nil
 }
 
-func dropOwnDatabases(ctx context.Context) error { return DropDatabases(ctx, serverURL, prefix) }
+func dropOwnDatabases(ctx context.Context) error {
+	if cluster != nil {
+		return cluster.dropDatabases(ctx, prefix)
+	}
+	return DropDatabases(ctx, serverURL, prefix)
+}
 
 // DropDatabases drops, on the server at serverURL (an admin URL), every
 // database whose name starts with prefix: what one test binary created.
@@ -192,13 +215,27 @@ type DB struct {
 	Name string
 }
 
-// New returns a fresh database holding the idempotency_keys table (Schema).
+// New returns a fresh database holding the idempotency_keys table (Schema);
+// on Citus, a Citus database on every node, the table distributed by key,
+// and the DB's URL and pool on the coordinator.
 func New(t testing.TB) *DB {
 	t.Helper()
 	if serverURL == "" {
 		t.Fatal("ledgertest: no server: call ledgertest.Main(m) from TestMain")
 	}
-	return CreateDB(t, serverURL, fmt.Sprintf("%s_%d", prefix, counter.Add(1)), templateName())
+	name := fmt.Sprintf("%s_%d", prefix, counter.Add(1))
+	if cluster == nil {
+		return CreateDB(t, serverURL, name, templateName())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	createMu.Lock() // as in CreateDB: one copy of the template at a time
+	err := cluster.createDatabase(ctx, name, templateName())
+	createMu.Unlock()
+	if err != nil {
+		t.Fatalf("ledgertest: %v", err)
+	}
+	return open(t, serverURL, name)
 }
 
 // CreateDB creates database name on the server at serverURL (an admin URL)
@@ -221,6 +258,15 @@ func CreateDB(t testing.TB, serverURL, name, template string) *DB {
 	if err != nil {
 		t.Fatalf("ledgertest: create database: %v", err)
 	}
+	return open(t, serverURL, name)
+}
+
+// open returns database name on the server at serverURL with a pool closed
+// when the test ends.
+func open(t testing.TB, serverURL, name string) *DB {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	u := pgembed.WithDatabase(serverURL, name)
 	pool, err := pgxpool.New(ctx, u)
 	if err != nil {
