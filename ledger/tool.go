@@ -134,6 +134,14 @@ var (
 // re-claimed nor read, and no row comes back. Then we go round again
 // with a fresh snapshot, which sees the row that won (or, if it was
 // purged meanwhile, none, and the insert wins).
+//
+// On Citus the statement is not one: the coordinator runs the insert, the
+// re-claim and the read as separate statements on the key's shard, in one
+// transaction, each with a snapshot of its own. A row another claim
+// committed while ours waited on it is then read by the last part, which
+// is the answer the round again would have found; the one-winner rule is
+// the insert's ON CONFLICT and the re-claim's re-evaluated WHERE, as on
+// PostgreSQL (the tool side's suite runs on Citus in CI).
 func newClaimShape(cols string, read pgx.RowToFunc[claimRow]) claimShape {
 	return claimShape{read: read, sql: `WITH ins AS (
 		INSERT INTO idempotency_keys (key, tool, request_hash, request_body, expires_at)
