@@ -73,7 +73,7 @@ func TestConsolePagesPassAxe(t *testing.T) {
 		chromedp.SendKeys(chromedp.CSS(outcome+` input[name="code"]`), "201"),
 		chromedp.SendKeys(chromedp.CSS(outcome+` textarea[name="body"]`), `{"id": "T-1"}`),
 		chromedp.SendKeys(chromedp.CSS(outcome+` input[name="reason"]`), "checked downstream"),
-		chromedp.Click(chromedp.CSS(outcome+" button")),
+		follow(outcome+" button"),
 		chromedp.WaitVisible(chromedp.CSS("button.danger")),
 	)
 	check("the confirmation page")

@@ -19,7 +19,6 @@ import (
 
 	"github.com/ledgerkeeper/ledgerkeeper/console"
 	"github.com/ledgerkeeper/ledgerkeeper/internal/pgtest"
-	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -135,14 +134,53 @@ func browser(t *testing.T, user string) context.Context {
 	return ctx
 }
 
+// loaded waits until the document the tab shows has loaded, every
+// stylesheet applied. chromedp's Click reads where the element is, then
+// sends the mouse there: on a page still loading its stylesheets (one just
+// opened by a click, which waits for no load event) a sheet applied in
+// between moves the element, the click lands beside it, nothing happens,
+// and the test waits for a page that never comes. Evaluated in the
+// document shown now, not in chromedp's record of its execution context,
+// which can lag a navigation.
+func loaded() chromedp.Action[chromedp.Void] {
+	return func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+		_, err := chromedp.Evaluate[bool](`document.readyState === 'complete' ||
+			new Promise(resolve => addEventListener('load', () => resolve(true), {once: true}))`, chromedp.EvalAwaitPromise)(ctx, t)
+		return chromedp.Void{}, err
+	}
+}
+
+// click clicks what sel selects once its page has loaded (see loaded): for
+// a control that acts in the page; follow is for one that navigates.
+func click(sel string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(chromedp.WaitVisible(chromedp.CSS(sel)), loaded(), chromedp.Click(chromedp.CSS(sel)))
+}
+
+// follow clicks what sel selects, a link or a form's button, and waits
+// until the page it opens has loaded. The page left stays shown, and
+// queried, until the new one commits: what the test looks for next could
+// be found there (a filter's unfiltered list), and a navigation of the
+// test's started meanwhile would be cancelled by, or cancel, the click's
+// (net::ERR_ABORTED).
+func follow(sel string) chromedp.Action[chromedp.Void] {
+	return func(ctx context.Context, _ *chromedp.Target) (chromedp.Void, error) {
+		_, err := chromedp.RunResponse(ctx, click(sel))
+		return chromedp.Void{}, err
+	}
+}
+
 // do runs browser actions within a deadline; a failure shows the page.
 func do(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	stepCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := chromedp.Do(ctx, actions...); err != nil {
-		body, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("body")))
-		t.Fatalf("%s: %v\npage:\n%s", what, err, body)
+	if err := chromedp.Do(stepCtx, actions...); err != nil {
+		// Read with a deadline of its own: the step's may be spent.
+		pageCtx, cancelPage := context.WithTimeout(ctx, 5*time.Second)
+		defer cancelPage()
+		loc, _ := chromedp.Run(pageCtx, chromedp.Location())
+		body, _ := chromedp.Run(pageCtx, chromedp.Text(chromedp.CSS("body")))
+		t.Fatalf("%s: %v\npage %s:\n%s", what, err, loc, body)
 	}
 }
 
@@ -173,17 +211,16 @@ func TestOperatorHoldsTheStuckKeyAndAReadOnlyUserCannot(t *testing.T) {
 	if who := get(t, alice, "who", chromedp.Text(chromedp.CSS("header .who"))); !strings.Contains(who, "alice") {
 		t.Errorf("signed in as %q", who)
 	}
-	keyLink := chromedp.CSS(fmt.Sprintf(`a[href="/ui/key?key=%s"]`, key))
+	keyLink := fmt.Sprintf(`a[href="/ui/key?key=%s"]`, key)
 	holdForm := `form[action="/ui/key/hold"]`
 	do(t, alice, "open the stuck key from the overview",
-		chromedp.Click(chromedp.CSS("a.stuck")),
-		chromedp.WaitVisible(keyLink),
-		chromedp.Click(keyLink),
+		follow("a.stuck"),
+		follow(keyLink),
 		chromedp.WaitVisible(chromedp.CSS(holdForm)),
 	)
 	do(t, alice, "ask to hold it",
 		chromedp.SendKeys(chromedp.CSS(holdForm+` input[name="reason"]`), "checking the ticket system"),
-		chromedp.Click(chromedp.CSS(holdForm+" button")),
+		follow(holdForm+" button"),
 		chromedp.WaitVisible(chromedp.CSS("button.danger")),
 	)
 	// The confirmation says what every retry will receive meanwhile, and
@@ -195,7 +232,7 @@ func TestOperatorHoldsTheStuckKeyAndAReadOnlyUserCannot(t *testing.T) {
 		t.Fatalf("holds before the confirmation: %d", n)
 	}
 	do(t, alice, "confirm the hold",
-		chromedp.Click(chromedp.CSS("button.danger")),
+		follow("button.danger"),
 		chromedp.WaitVisible(chromedp.CSS("#hold")),
 	)
 	done := get(t, alice, "done", chromedp.Text(chromedp.CSS(".done")))
@@ -238,13 +275,11 @@ func TestOperatorHoldsTheStuckKeyAndAReadOnlyUserCannot(t *testing.T) {
 	// matters.
 	do(t, alice, "post from another site",
 		chromedp.Navigate(evilSite(t, base)),
-		chromedp.WaitVisible(chromedp.CSS("#go")),
-		chromedp.Click(chromedp.CSS("#go")),
+		follow("#go"),
 	)
-	testwait.Eventually(t, func() bool {
-		loc, err := chromedp.Run(alice, chromedp.Location())
-		return err == nil && strings.HasPrefix(loc, base)
-	}, 30*time.Second, "the browser to post the other site's form to the console")
+	if loc := get(t, alice, "the answer's address", chromedp.Location()); !strings.HasPrefix(loc, base) {
+		t.Fatalf("the other site's form led to %s, not to the console", loc)
+	}
 	do(t, alice, "the answer", chromedp.WaitVisible(chromedp.CSS("body")))
 	if body := get(t, alice, "body", chromedp.Text(chromedp.CSS("body"))); !strings.Contains(body, "cross-origin request refused") {
 		t.Errorf("the cross-site post was answered:\n%s", body)

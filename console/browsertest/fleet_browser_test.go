@@ -75,12 +75,12 @@ func TestOperatorSwitchesLedgersKeepingThePage(t *testing.T) {
 	axeOn(t, alice, axe, "the fleet's overview")
 	stuckKeys := `a.stuck[href="/ui/ledgers/billing/keys?tool=` + tool + `&stuck=1"]`
 	do(t, alice, "open billing's overview and its stuck keys",
-		chromedp.Click(chromedp.CSS(`a.stuck[href="/ui/ledgers/billing/"]`)),
+		follow(`a.stuck[href="/ui/ledgers/billing/"]`),
 		chromedp.WaitVisible(chromedp.CSS(stuckKeys)),
 	)
 	axeOn(t, alice, axe, "billing's overview")
 	do(t, alice, "open billing's stuck keys",
-		chromedp.Click(chromedp.CSS(stuckKeys)),
+		follow(stuckKeys),
 		chromedp.WaitVisible(chromedp.CSS(`a[href="/ui/ledgers/billing/key?key=billing-stuck"]`)),
 	)
 	axeOn(t, alice, axe, "billing's keys")
@@ -89,7 +89,7 @@ func TestOperatorSwitchesLedgersKeepingThePage(t *testing.T) {
 		t.Errorf("the switcher marks %q", current)
 	}
 	do(t, alice, "switch to support",
-		chromedp.Click(chromedp.CSS(`nav.ledgers a[href="/ui/ledgers/support/keys?stuck=1&tool=`+tool+`"]`)),
+		follow(`nav.ledgers a[href="/ui/ledgers/support/keys?stuck=1&tool=`+tool+`"]`),
 		chromedp.WaitVisible(chromedp.CSS(`a[href="/ui/ledgers/support/key?key=support-stuck"]`)),
 	)
 	main := get(t, alice, "support's keys", chromedp.Text(chromedp.CSS("main")))
@@ -101,7 +101,7 @@ func TestOperatorSwitchesLedgersKeepingThePage(t *testing.T) {
 		t.Errorf("the switcher marks %q after switching", current)
 	}
 	do(t, alice, "open support's key",
-		chromedp.Click(chromedp.CSS(`a[href="/ui/ledgers/support/key?key=support-stuck"]`)),
+		follow(`a[href="/ui/ledgers/support/key?key=support-stuck"]`),
 		chromedp.WaitVisible(chromedp.CSS("#condition")),
 	)
 	forms := get(t, alice, "support's key forms", chromedp.Evaluate[int](`document.querySelectorAll('form[method="post"]').length`))

@@ -170,7 +170,7 @@ func TestOverviewRefreshesInPlaceUntilPaused(t *testing.T) {
 		t.Errorf("no updated time: %q", ts)
 	}
 
-	do(t, alice, "pause", chromedp.Click(chromedp.CSS("#live-pause")))
+	do(t, alice, "pause", click("#live-pause"))
 	if p := eval[string](t, alice, "pressed", `document.querySelector('#live-pause').getAttribute('aria-pressed')`); p != "true" {
 		t.Fatalf("aria-pressed %q after Pause", p)
 	}
@@ -204,7 +204,7 @@ func TestOverviewRefreshesInPlaceUntilPaused(t *testing.T) {
 	}
 	eval[bool](t, alice, "mark the page", `window.notReloaded = true`)
 	stuck(t, db, "k-stuck-5")
-	do(t, alice, "resume", chromedp.Click(chromedp.CSS("#live-pause")))
+	do(t, alice, "resume", click("#live-pause"))
 	testwait.Eventually(t, func() bool {
 		s, err := chromedp.Run(alice, chromedp.Evaluate[string](stuckText))
 		return err == nil && s == "5 stuck"
@@ -264,6 +264,6 @@ func TestLiveOverviewPassesAxe(t *testing.T) {
 		t.Errorf("the overview does not show the probe pause")
 	}
 	check("the overview, refreshing")
-	do(t, alice, "pause", chromedp.Click(chromedp.CSS("#live-pause")))
+	do(t, alice, "pause", click("#live-pause"))
 	check("the overview, paused")
 }

@@ -149,8 +149,7 @@ func TestOperatorReadsTheRunPagesProbesAndReconcilesAKey(t *testing.T) {
 	audit := db.Count(t, `reconcile_audit`)
 	do(t, alice, "probe the key now",
 		chromedp.Navigate(base+"/ui/key?key="+key),
-		chromedp.WaitVisible(chromedp.CSS(`form[action="/ui/key/probe"] button`)),
-		chromedp.Click(chromedp.CSS(`form[action="/ui/key/probe"] button`)),
+		follow(`form[action="/ui/key/probe"] button`),
 		chromedp.WaitVisible(chromedp.CSS("#probe-verdict")),
 	)
 	if v := get(t, alice, "verdict", chromedp.Text(chromedp.CSS("#probe-verdict"))); v != "found" {
@@ -164,9 +163,8 @@ func TestOperatorReadsTheRunPagesProbesAndReconcilesAKey(t *testing.T) {
 		t.Fatalf("probe now changed the key")
 	}
 	do(t, alice, "reconcile the key now, confirmed",
-		chromedp.Click(chromedp.CSS(`form[action="/ui/key/reconcile"] button`)),
-		chromedp.WaitVisible(chromedp.CSS("button.danger")),
-		chromedp.Click(chromedp.CSS("button.danger")),
+		follow(`form[action="/ui/key/reconcile"] button`),
+		follow("button.danger"),
 		chromedp.WaitVisible(chromedp.CSS("#reconcile-report")),
 	)
 	if rep := get(t, alice, "report", chromedp.Text(chromedp.CSS("#reconcile-report"))); !strings.Contains(rep, "decided: completed") {
