@@ -144,9 +144,11 @@ func runEngines(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 	var seq atomic.Int64
 	for _, r := range rigs {
-		logf("%s: warm-up (claims for 2 s, a reconcile pass over %d keys)", r.name, 4*enginesConcurrency)
-		if _, err := r.claims(ctx, 2*time.Second, &seq); err != nil {
-			return err
+		logf("%s: warm-up (claims for 1 s each way, a reconcile pass over %d keys)", r.name, 4*enginesConcurrency)
+		for _, raw := range []bool{false, true} {
+			if _, err := r.claims(ctx, time.Second, &seq, raw); err != nil {
+				return err
+			}
 		}
 		if err := r.loadBacklog(ctx, 4*enginesConcurrency); err != nil {
 			return err
@@ -158,16 +160,27 @@ func runEngines(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	for i := range *rounds {
 		for j := range rigs {
 			r := rigs[(i+j)%len(rigs)] // alternate which engine goes first
-			w, err := r.measure(ctx, i+1, "claims", func() (int, claimLatency, error) {
-				lat, err := r.claims(ctx, *duration, &seq)
-				return lat.n, lat, err
-			})
-			if err != nil {
-				return err
+			for k := range 2 {
+				raw := (i+k)%2 == 1 // and which statements go first on it
+				what := "claims"
+				if raw {
+					what = "claims, raw minimum"
+				}
+				w, err := r.measure(ctx, i+1, what, func() (int, claimLatency, error) {
+					lat, err := r.claims(ctx, *duration, &seq, raw)
+					return lat.n, lat, err
+				})
+				if err != nil {
+					return err
+				}
+				logf("%s %s round %d: %.0f claims/s, p50 %.2f ms, p99 %.2f ms, server CPU %.3f ms/claim, client %.3f ms/claim, load %s",
+					r.name, what, i+1, w.PerSec, w.P50ms, w.P99ms, w.serverMsPer(), w.clientMsPer(), w.Load)
+				if raw {
+					out.RawClaims = append(out.RawClaims, w)
+				} else {
+					out.Claims = append(out.Claims, w)
+				}
 			}
-			logf("%s claims round %d: %.0f claims/s, p50 %.2f ms, p99 %.2f ms, server CPU %.3f ms/claim, client %.3f ms/claim, load %s",
-				r.name, i+1, w.PerSec, w.P50ms, w.P99ms, w.serverMsPer(), w.clientMsPer(), w.Load)
-			out.Claims = append(out.Claims, w)
 		}
 	}
 	for i := range *rounds {
@@ -192,6 +205,8 @@ func runEngines(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	out.ClaimSummary = summariseEngines(out.Claims)
 	out.ReconcileSummary = summariseEngines(out.Reconcile)
 	out.ClaimRatios = engineRatiosOf(out.Claims, out.ClaimSummary)
+	out.RawClaimSummary = summariseEngines(out.RawClaims)
+	out.RawClaimRatios = engineRatiosOf(out.RawClaims, out.RawClaimSummary)
 	out.ReconcileRatios = engineRatiosOf(out.Reconcile, out.ReconcileSummary)
 	printEngines(stdout, out)
 	if *jsonOut != "" {
@@ -276,7 +291,7 @@ type claimLatency struct {
 // ledger.Complete (the two statements ledger.Middleware sends for a new
 // key, without HTTP), from every client in a loop for d; every claim
 // must be New.
-func (r *engineRig) claims(ctx context.Context, d time.Duration, seq *atomic.Int64) (claimLatency, error) {
+func (r *engineRig) claims(ctx context.Context, d time.Duration, seq *atomic.Int64, raw bool) (claimLatency, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	clients := int(r.claimPool.Config().MaxConns)
@@ -285,6 +300,7 @@ func (r *engineRig) claims(ctx context.Context, d time.Duration, seq *atomic.Int
 	var wg sync.WaitGroup
 	body := json.RawMessage(`{"title":"bench ticket","customer_id":"cus_42","amount_cents":1200}`)
 	answer := json.RawMessage(`{"ticket_id":"T-1"}`)
+	hash := strings.Repeat("a", 64)
 	for c := range clients {
 		wg.Go(func() {
 			// Statements run on a context of their own: a claim in flight
@@ -293,12 +309,18 @@ func (r *engineRig) claims(ctx context.Context, d time.Duration, seq *atomic.Int
 			for ctx.Err() == nil {
 				key := fmt.Sprintf("eng-%s-%012d", r.name, seq.Add(1))
 				start := time.Now()
-				res, err := ledger.Claim(opCtx, r.claimPool, ledger.ClaimParams{Key: key, Tool: "create_ticket", RequestHash: strings.Repeat("a", 64), RequestBody: body})
-				if err == nil && res.Outcome != ledger.New {
-					err = fmt.Errorf("claim of fresh key %s: outcome %s, want new", key, res.Outcome)
-				}
-				if err == nil {
-					err = ledger.Complete(opCtx, r.claimPool, key, res.Row.ClaimedAt, 201, answer)
+				var err error
+				if raw {
+					err = rawClaimComplete(opCtx, r.claimPool, key, body, answer)
+				} else {
+					var res ledger.ClaimResult
+					res, err = ledger.Claim(opCtx, r.claimPool, ledger.ClaimParams{Key: key, Tool: "create_ticket", RequestHash: hash, RequestBody: body})
+					if err == nil && res.Outcome != ledger.New {
+						err = fmt.Errorf("claim of fresh key %s: outcome %s, want new", key, res.Outcome)
+					}
+					if err == nil {
+						err = ledger.Complete(opCtx, r.claimPool, key, res.Row.ClaimedAt, 201, answer)
+					}
 				}
 				if err != nil {
 					errs[c] = err
@@ -318,6 +340,23 @@ func (r *engineRig) claims(ctx context.Context, d time.Duration, seq *atomic.Int
 	}
 	slices.Sort(all)
 	return claimLatency{n: len(all), p50: quantile(all, 0.5), p99: quantile(all, 0.99)}, nil
+}
+
+// rawClaimComplete is hotpath's raw minimum for a fresh key: its claim
+// and its completion by plain pgx.
+func rawClaimComplete(ctx context.Context, db *pgxpool.Pool, key string, body, answer json.RawMessage) error {
+	var claimedAt time.Time
+	if err := db.QueryRow(ctx, rawClaim, key, "create_ticket", strings.Repeat("a", 64), string(body), ledger.DefaultTTL).Scan(&claimedAt); err != nil {
+		return fmt.Errorf("raw claim of %s: %w", key, err)
+	}
+	tag, err := db.Exec(ctx, rawComplete, key, claimedAt, 201, string(answer))
+	if err == nil && tag.RowsAffected() != 1 {
+		err = fmt.Errorf("completed %d rows", tag.RowsAffected())
+	}
+	if err != nil {
+		return fmt.Errorf("raw complete of %s: %w", key, err)
+	}
+	return nil
 }
 
 // loadBacklog replaces the ledger with n stuck keys and the witnesses
@@ -756,7 +795,13 @@ type enginesReport struct {
 	CitusVersion      string  `json:"citus_version"`
 	PostgreSQLVersion string  `json:"postgresql_version"`
 
-	Claims           []engineWindow  `json:"claims"`
+	Claims []engineWindow `json:"claims"`
+	// RawClaims are hotpath's raw minimum (rawClaim, rawComplete: an
+	// INSERT … ON CONFLICT DO NOTHING and an UPDATE), measured beside the
+	// ledger's claim to tell its statement's shape from the engine.
+	RawClaims        []engineWindow  `json:"claims_raw"`
+	RawClaimSummary  []engineSummary `json:"claims_raw_summary"`
+	RawClaimRatios   engineRatios    `json:"claims_raw_citus_over_postgresql"`
 	Reconcile        []engineWindow  `json:"reconcile"`
 	ClaimSummary     []engineSummary `json:"claims_summary"`
 	ReconcileSummary []engineSummary `json:"reconcile_summary"`
@@ -772,6 +817,7 @@ func printEngines(w io.Writer, r enginesReport) {
 		r.PostgreSQLVersion, r.CitusVersion, r.Workers, r.Shards, r.LoadBefore, r.LoadAfter)
 	fmt.Fprintln(w, "every node with fsync, synchronous_commit and full_page_writes off (citustest's settings)")
 	fmt.Fprintf(w, "claims: ledger.Claim then ledger.Complete of a fresh key, %d clients, %s per round, %d rounds per engine\n", r.Clients, r.Duration, r.Rounds)
+	fmt.Fprintln(w, "claims, raw minimum: hotpath's two plain statements for the same work (INSERT … ON CONFLICT DO NOTHING RETURNING, UPDATE), beside each claims round")
 	fmt.Fprintf(w, "reconcile: one pass over %d stuck keys, concurrency %d, %.0f ms downstream, self-check bracket on, %d rounds per engine\n\n",
 		r.Backlog, r.Concurrency, r.LatencyMs, r.Rounds)
 	for _, m := range []struct {
@@ -781,6 +827,7 @@ func printEngines(w io.Writer, r enginesReport) {
 		ratios      engineRatios
 	}{
 		{"claims", "claim", r.Claims, r.ClaimSummary, r.ClaimRatios},
+		{"claims, raw minimum", "claim", r.RawClaims, r.RawClaimSummary, r.RawClaimRatios},
 		{"reconcile", "key", r.Reconcile, r.ReconcileSummary, r.ReconcileRatios},
 	} {
 		fmt.Fprintf(w, "%s, round by round\n", m.title)
