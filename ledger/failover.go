@@ -56,7 +56,11 @@ func FailoverReason(err error) (string, bool) {
 		switch {
 		case pe.Code == "25006":
 			return ReasonReadOnly, true
-		case pe.Code == "57P01", pe.Code == "57P02", pe.Code == "57P03":
+		case (pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03") && pe.Severity != "ERROR":
+			// FATAL: this server is shutting down, crashed or not up yet.
+			// As an ERROR it comes over a session that still works,
+			// relayed from a server this one talks to (a Citus worker
+			// stopped under a statement): this node did not fail over.
 			return ReasonShutdown, true
 		case pe.Code == "0A000" && strings.Contains(pe.Message, "recovery"):
 			return ReasonRecovery, true

@@ -43,9 +43,11 @@ func TestFailoverReasonNamesTheErrorsOfAFailover(t *testing.T) {
 		nothingWritten bool
 	}{
 		{"read-only transaction", pg("25006", "cannot execute INSERT in a read-only transaction"), ledger.ReasonReadOnly, true},
-		{"admin shutdown", pg("57P01", "terminating connection due to administrator command"), ledger.ReasonShutdown, false},
-		{"crash shutdown", pg("57P02", "terminating connection because of crash of another server process"), ledger.ReasonShutdown, false},
-		{"cannot connect now", pg("57P03", "the database system is starting up"), ledger.ReasonShutdown, true},
+		{"admin shutdown", pgFatal("57P01", "terminating connection due to administrator command"), ledger.ReasonShutdown, false},
+		{"crash shutdown", pgFatal("57P02", "terminating connection because of crash of another server process"), ledger.ReasonShutdown, false},
+		{"cannot connect now", pgFatal("57P03", "the database system is starting up"), ledger.ReasonShutdown, true},
+		{"a coordinator's worker stopped under a statement", pg("57P01", "terminating connection due to administrator command"), "", false},
+		{"a coordinator's worker starting up", pg("57P03", "the database system is starting up"), "", true},
 		{"during recovery", pg("0A000", "cannot execute LISTEN during recovery"), ledger.ReasonRecovery, true},
 		{"connection exception", pgFatal("08006", "connection failure"), ledger.ReasonConnection, false},
 		{"protocol violation", pgFatal("08P01", "invalid frontend message type"), ledger.ReasonConnection, false},

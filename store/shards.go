@@ -113,15 +113,18 @@ func AsShardsUnreachable(err error) (*ShardsUnreachableError, bool) {
 }
 
 // NodeUnreachable reports whether err is a Citus coordinator relaying that
-// it could not reach a worker: a connection error (SQLSTATE class 08) sent
-// as an ordinary ERROR. The coordinator's own connection going away is not
+// it could not reach a worker: a connection error (SQLSTATE class 08), or
+// the worker's shutdown or start-up (57P01-57P03), sent as an ordinary
+// ERROR. The coordinator's own connection going away is not
 // one (pgx reports no PgError then, or a FATAL one).
 func NodeUnreachable(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false
 	}
-	if strings.HasPrefix(pgErr.Code, "08") && pgErr.Severity == "ERROR" {
+	if pgErr.Severity == "ERROR" && (strings.HasPrefix(pgErr.Code, "08") ||
+		// A worker shutting down under the statement, or starting up.
+		pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03") {
 		return true
 	}
 	return strings.HasPrefix(pgErr.Message, "connection to the remote node")
