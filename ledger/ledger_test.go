@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,7 +19,12 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/testwait"
 )
 
-func TestMain(m *testing.M) { ledgertest.Main(m) }
+// On a Citus ledger (ledgertest's Citus mode) the claims take their Citus
+// shape, as a tool server on Citus does.
+func TestMain(m *testing.M) {
+	ledger.UseCitusShapes(os.Getenv(ledgertest.EnvCitusWorkers) != "")
+	ledgertest.Main(m)
+}
 
 var ctx = context.Background()
 
@@ -192,6 +198,9 @@ func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQu
 
 // TestClaimIsOneStatement: whatever the claim finds (a new key, a replay,
 // a key in flight, other arguments, a re-claim), it costs one round trip.
+// In its Citus shape (ledgertest's Citus mode), a claim costs one and any
+// other outcome two: the upsert, then the read of the row it did not
+// claim.
 func TestClaimIsOneStatement(t *testing.T) {
 	t.Parallel()
 	db := ledgertest.New(t)
@@ -213,8 +222,12 @@ func TestClaimIsOneStatement(t *testing.T) {
 		if res.Outcome != want {
 			t.Fatalf("%s: outcome %v, want %v", what, res.Outcome, want)
 		}
-		if n := counter.n.Load() - before; n != 1 {
-			t.Fatalf("%s: %d statements, want 1", what, n)
+		wantN := int64(1)
+		if ledgertest.Citus() && want != ledger.New {
+			wantN = 2
+		}
+		if n := counter.n.Load() - before; n != wantN {
+			t.Fatalf("%s: %d statements, want %d", what, n, wantN)
 		}
 		return res
 	}
@@ -234,6 +247,62 @@ func TestClaimIsOneStatement(t *testing.T) {
 	replay := step("replay", "k", "h", ledger.Replay)
 	if *replay.Row.ResponseCode != 201 || string(replay.Row.ResponseBody) != `{"id": "T-1"}` {
 		t.Fatalf("replay row = %v %s", replay.Row.ResponseCode, replay.Row.ResponseBody)
+	}
+}
+
+// The claim's Citus shape (UseCitusShapes) is plain SQL that PostgreSQL
+// runs too: here, on whichever engine the suite has, its outcomes and its
+// one winner among concurrent first claims and concurrent re-claims. Not
+// parallel: the shape is chosen per process, and both are correct, so
+// the parallel tests paused meanwhile are not affected by it either.
+func TestCitusClaimShapeKeepsOneWinner(t *testing.T) {
+	was := ledgertest.Citus()
+	ledger.UseCitusShapes(true)
+	t.Cleanup(func() { ledger.UseCitusShapes(was) })
+	db := ledgertest.New(t)
+	first := claim(t, db.Pool, "k1", "h1")
+	if first.Outcome != ledger.New || first.Row.Status != ledger.StatusProcessing {
+		t.Fatalf("first claim = %v %s", first.Outcome, first.Row.Status)
+	}
+	if got := claim(t, db.Pool, "k1", "h1"); got.Outcome != ledger.InFlight {
+		t.Fatalf("second claim = %v, want in_flight", got.Outcome)
+	}
+	if got := claim(t, db.Pool, "k1", "h2"); got.Outcome != ledger.FingerprintMismatch {
+		t.Fatalf("other fingerprint = %v", got.Outcome)
+	}
+	if err := ledger.Abandon(ctx, db.Pool, "k1", first.Row.ClaimedAt); err != nil {
+		t.Fatal(err)
+	}
+	if got := claim(t, db.Pool, "k1", "h2"); got.Outcome != ledger.FingerprintMismatch {
+		t.Fatalf("a failed_retryable key with other arguments = %v, want a mismatch", got.Outcome)
+	}
+	const n = 20
+	counts := claimAtOnce(t, db.Pool, n, ledger.ClaimParams{Key: "k1", Tool: "create_ticket", RequestHash: "h1"})
+	if counts[ledger.New] != 1 || counts[ledger.InFlight] != n-1 {
+		t.Fatalf("concurrent re-claims: outcomes = %v", counts)
+	}
+	re, err := ledger.Get(ctx, db.Pool, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !re.ClaimedAt.After(first.Row.ClaimedAt) || re.Status != ledger.StatusProcessing || re.ResponseCode != nil {
+		t.Fatalf("re-claimed row = %+v", re)
+	}
+	if err := ledger.Complete(ctx, db.Pool, "k1", re.ClaimedAt, 201, json.RawMessage(`{"id":"T-1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got := claim(t, db.Pool, "k1", "h1"); got.Outcome != ledger.Replay || *got.Row.ResponseCode != 201 {
+		t.Fatalf("replay = %v %v", got.Outcome, got.Row.ResponseCode)
+	}
+	for r := range 5 {
+		key := fmt.Sprintf("first-%d", r)
+		counts := claimAtOnce(t, db.Pool, n, ledger.ClaimParams{Key: key, Tool: "create_ticket", RequestHash: "h"})
+		if counts[ledger.New] != 1 || counts[ledger.InFlight] != n-1 {
+			t.Fatalf("%s: concurrent first claims: outcomes = %v", key, counts)
+		}
+	}
+	if got := db.Count(t, "idempotency_keys"); got != 6 {
+		t.Fatalf("%d rows, want 6", got)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -107,6 +108,8 @@ func claimAs(ctx context.Context, db DBTX, p ClaimParams, shape claimShape) (Cla
 type claimShape struct {
 	sql  string
 	read pgx.RowToFunc[claimRow]
+	// citusClaim and citusRead are the claim on Citus (UseCitusShapes).
+	citusClaim, citusRead string
 }
 
 // claimRow is a row of the claim statement, read by column name: whether
@@ -143,7 +146,8 @@ var (
 // the insert's ON CONFLICT and the re-claim's re-evaluated WHERE, as on
 // PostgreSQL (the tool side's suite runs on Citus in CI).
 func newClaimShape(cols string, read pgx.RowToFunc[claimRow]) claimShape {
-	return claimShape{read: read, sql: `WITH ins AS (
+	return claimShape{read: read, citusClaim: citusClaimSQL(cols), citusRead: `SELECT false AS claimed, ` + cols + `
+		FROM idempotency_keys WHERE key = $1`, sql: `WITH ins AS (
 		INSERT INTO idempotency_keys (key, tool, request_hash, request_body, expires_at)
 		VALUES ($1, $2, $3, $4, now() + $5::interval)
 		ON CONFLICT (key) DO NOTHING
@@ -164,14 +168,68 @@ func newClaimShape(cols string, read pgx.RowToFunc[claimRow]) claimShape {
 	WHERE key = $1 AND NOT EXISTS (SELECT FROM ins) AND NOT EXISTS (SELECT FROM re)`}
 }
 
+// citusClaimSQL is the claim on Citus: one statement on the key's shard
+// that inserts the key, or re-claims it when it is failed_retryable with
+// our hash (the upsert's WHERE, evaluated on the latest row version under
+// its lock: of two concurrent retries one wins), and returns the row only
+// when this call claimed it. A key it did not claim is read by a second
+// statement (citusRead). The three-part statement of PostgreSQL
+// (newClaimShape) ran there as five executions per claim and completion,
+// most of a claim's cost on the coordinator (BENCHMARKS.md, "Citus against
+// PostgreSQL"). Not the PostgreSQL shape: there an upsert whose WHERE
+// fails still locks the row, and a replay would cost two round trips.
+// Citus refuses now() in DO UPDATE SET: the new claim's times come from
+// excluded, the row proposed with the columns' defaults.
+func citusClaimSQL(cols string) string {
+	return `INSERT INTO idempotency_keys AS k (key, tool, request_hash, request_body, expires_at)
+		VALUES ($1, $2, $3, $4, now() + $5::interval)
+		ON CONFLICT (key) DO UPDATE
+		SET status = 'processing', claimed_at = excluded.claimed_at, updated_at = excluded.updated_at,
+		    heartbeat_at = NULL, response_code = NULL, response_body = NULL,
+		    expires_at = greatest(k.expires_at, excluded.expires_at)
+		WHERE k.status = 'failed_retryable' AND k.request_hash = excluded.request_hash
+		RETURNING true AS claimed, ` + cols
+}
+
+// citusShapes: this process's ledger is on a Citus coordinator
+// (UseCitusShapes).
+var citusShapes atomic.Bool
+
+// UseCitusShapes makes this process's claims take their Citus shape (one
+// upsert on the key's shard, and a read for a key it did not claim), for a
+// ledger distributed over Citus; off, the PostgreSQL shape (one statement
+// for every outcome). Both are correct on both engines; each is the
+// cheaper on its own. ledgerkeeper's daemon sets it from the database it
+// connects to; a tool server on Citus calls it once at start, or lets
+// DetectCitus do it.
+func UseCitusShapes(on bool) { citusShapes.Store(on) }
+
+// DetectCitus reports whether db's database has the citus extension and
+// sets UseCitusShapes accordingly.
+func DetectCitus(ctx context.Context, db DBTX) (bool, error) {
+	var on bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&on); err != nil {
+		return false, wrap("look for the citus extension", err)
+	}
+	UseCitusShapes(on)
+	return on, nil
+}
+
 // claim runs the claim statement of shape; p is valid, ttl > 0.
 func claim(ctx context.Context, db DBTX, p ClaimParams, ttl time.Duration, shape claimShape) (ClaimResult, error) {
 	for range 5 {
-		rows, err := db.Query(ctx, shape.sql, p.Key, p.Tool, p.RequestHash, nullJSON(p.RequestBody), ttl)
-		if err != nil {
-			return ClaimResult{}, wrap("claim key", err)
+		var row claimRow
+		var err error
+		if citusShapes.Load() {
+			row, err = claimOnCitus(ctx, db, p, ttl, shape)
+		} else {
+			var rows pgx.Rows
+			rows, err = db.Query(ctx, shape.sql, p.Key, p.Tool, p.RequestHash, nullJSON(p.RequestBody), ttl)
+			if err != nil {
+				return ClaimResult{}, wrap("claim key", err)
+			}
+			row, err = pgx.CollectOneRow(rows, shape.read)
 		}
-		row, err := pgx.CollectOneRow(rows, shape.read)
 		claimed, k := row.Claimed, row.Key
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // changed after our snapshot: look again
@@ -193,6 +251,25 @@ func claim(ctx context.Context, db DBTX, p ClaimParams, ttl time.Duration, shape
 		// retry re-claimed it after our snapshot. Look again.
 	}
 	return ClaimResult{}, fmt.Errorf("claim key: the row kept changing under us")
+}
+
+// claimOnCitus is one round of the Citus claim: the upsert, and when it
+// claimed nothing, the row as it stands (pgx.ErrNoRows if it was purged
+// meanwhile: the caller goes round again).
+func claimOnCitus(ctx context.Context, db DBTX, p ClaimParams, ttl time.Duration, shape claimShape) (claimRow, error) {
+	rows, err := db.Query(ctx, shape.citusClaim, p.Key, p.Tool, p.RequestHash, nullJSON(p.RequestBody), ttl)
+	if err != nil {
+		return claimRow{}, err
+	}
+	row, err := pgx.CollectOneRow(rows, shape.read)
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return row, err
+	}
+	rows, err = db.Query(ctx, shape.citusRead, p.Key)
+	if err != nil {
+		return claimRow{}, err
+	}
+	return pgx.CollectOneRow(rows, shape.read)
 }
 
 func nullJSON(b json.RawMessage) any {

@@ -145,8 +145,8 @@ func runEngines(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var seq atomic.Int64
 	for _, r := range rigs {
 		logf("%s: warm-up (claims for 1 s each way, a reconcile pass over %d keys)", r.name, 4*enginesConcurrency)
-		for _, raw := range []bool{false, true} {
-			if _, err := r.claims(ctx, time.Second, &seq, raw); err != nil {
+		for _, v := range []claimVariant{claimsOwn, claimsRaw, claimsOneStatement} {
+			if _, err := r.claims(ctx, time.Second, &seq, v); err != nil {
 				return err
 			}
 		}
@@ -160,14 +160,11 @@ func runEngines(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	for i := range *rounds {
 		for j := range rigs {
 			r := rigs[(i+j)%len(rigs)] // alternate which engine goes first
-			for k := range 2 {
-				raw := (i+k)%2 == 1 // and which statements go first on it
-				what := "claims"
-				if raw {
-					what = "claims, raw minimum"
-				}
+			for k := range 3 {
+				v := claimVariant((i + k) % 3) // and which variant goes first on it
+				what := v.String()
 				w, err := r.measure(ctx, i+1, what, func() (int, claimLatency, error) {
-					lat, err := r.claims(ctx, *duration, &seq, raw)
+					lat, err := r.claims(ctx, *duration, &seq, v)
 					return lat.n, lat, err
 				})
 				if err != nil {
@@ -175,9 +172,12 @@ func runEngines(ctx context.Context, args []string, stdout, stderr io.Writer) er
 				}
 				logf("%s %s round %d: %.0f claims/s, p50 %.2f ms, p99 %.2f ms, server CPU %.3f ms/claim, client %.3f ms/claim, load %s",
 					r.name, what, i+1, w.PerSec, w.P50ms, w.P99ms, w.serverMsPer(), w.clientMsPer(), w.Load)
-				if raw {
+				switch v {
+				case claimsRaw:
 					out.RawClaims = append(out.RawClaims, w)
-				} else {
+				case claimsOneStatement:
+					out.OneStatementClaims = append(out.OneStatementClaims, w)
+				default:
 					out.Claims = append(out.Claims, w)
 				}
 			}
@@ -207,6 +207,8 @@ func runEngines(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	out.ClaimRatios = engineRatiosOf(out.Claims, out.ClaimSummary)
 	out.RawClaimSummary = summariseEngines(out.RawClaims)
 	out.RawClaimRatios = engineRatiosOf(out.RawClaims, out.RawClaimSummary)
+	out.OneStatementSummary = summariseEngines(out.OneStatementClaims)
+	out.OneStatementRatios = engineRatiosOf(out.OneStatementClaims, out.OneStatementSummary)
 	out.ReconcileRatios = engineRatiosOf(out.Reconcile, out.ReconcileSummary)
 	printEngines(stdout, out)
 	if *jsonOut != "" {
@@ -287,11 +289,35 @@ type claimLatency struct {
 	p50, p99 time.Duration
 }
 
+// claimVariant is one way of doing a claims round's work.
+type claimVariant int
+
+const (
+	// claimsOwn: ledger.Claim in the engine's own shape (on Citus the
+	// upsert, ledger.UseCitusShapes), then ledger.Complete.
+	claimsOwn claimVariant = iota
+	// claimsRaw: hotpath's raw minimum, two plain statements.
+	claimsRaw
+	// claimsOneStatement: ledger.Claim in PostgreSQL's one-statement
+	// shape on both engines (on PostgreSQL the same as claimsOwn: a noise
+	// floor), then ledger.Complete.
+	claimsOneStatement
+)
+
+func (v claimVariant) String() string {
+	return [...]string{"claims", "claims, raw minimum", "claims, one-statement shape"}[v]
+}
+
 // claims runs the tool side's work for a fresh key, ledger.Claim then
 // ledger.Complete (the two statements ledger.Middleware sends for a new
 // key, without HTTP), from every client in a loop for d; every claim
 // must be New.
-func (r *engineRig) claims(ctx context.Context, d time.Duration, seq *atomic.Int64, raw bool) (claimLatency, error) {
+func (r *engineRig) claims(ctx context.Context, d time.Duration, seq *atomic.Int64, v claimVariant) (claimLatency, error) {
+	raw := v == claimsRaw
+	// The claim's shape is chosen per process (ledger.UseCitusShapes):
+	// the engine's own, as a tool server on it has, or the one-statement
+	// shape on both.
+	ledger.UseCitusShapes(r.citus && v == claimsOwn)
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	clients := int(r.claimPool.Config().MaxConns)
@@ -799,12 +825,18 @@ type enginesReport struct {
 	// RawClaims are hotpath's raw minimum (rawClaim, rawComplete: an
 	// INSERT … ON CONFLICT DO NOTHING and an UPDATE), measured beside the
 	// ledger's claim to tell its statement's shape from the engine.
-	RawClaims        []engineWindow  `json:"claims_raw"`
-	RawClaimSummary  []engineSummary `json:"claims_raw_summary"`
-	RawClaimRatios   engineRatios    `json:"claims_raw_citus_over_postgresql"`
-	Reconcile        []engineWindow  `json:"reconcile"`
-	ClaimSummary     []engineSummary `json:"claims_summary"`
-	ReconcileSummary []engineSummary `json:"reconcile_summary"`
+	RawClaims       []engineWindow  `json:"claims_raw"`
+	RawClaimSummary []engineSummary `json:"claims_raw_summary"`
+	RawClaimRatios  engineRatios    `json:"claims_raw_citus_over_postgresql"`
+	// OneStatementClaims are ledger.Claim in PostgreSQL's one-statement
+	// shape on both engines: on Citus the shape claims had before the
+	// upsert; on PostgreSQL the same work as Claims (its noise floor).
+	OneStatementClaims  []engineWindow  `json:"claims_one_statement"`
+	OneStatementSummary []engineSummary `json:"claims_one_statement_summary"`
+	OneStatementRatios  engineRatios    `json:"claims_one_statement_citus_over_postgresql"`
+	Reconcile           []engineWindow  `json:"reconcile"`
+	ClaimSummary        []engineSummary `json:"claims_summary"`
+	ReconcileSummary    []engineSummary `json:"reconcile_summary"`
 	// Ratios are Citus over PostgreSQL.
 	ClaimRatios     engineRatios `json:"claims_citus_over_postgresql"`
 	ReconcileRatios engineRatios `json:"reconcile_citus_over_postgresql"`
@@ -818,6 +850,7 @@ func printEngines(w io.Writer, r enginesReport) {
 	fmt.Fprintln(w, "every node with fsync, synchronous_commit and full_page_writes off (citustest's settings)")
 	fmt.Fprintf(w, "claims: ledger.Claim then ledger.Complete of a fresh key, %d clients, %s per round, %d rounds per engine\n", r.Clients, r.Duration, r.Rounds)
 	fmt.Fprintln(w, "claims, raw minimum: hotpath's two plain statements for the same work (INSERT … ON CONFLICT DO NOTHING RETURNING, UPDATE), beside each claims round")
+	fmt.Fprintln(w, "claims, one-statement shape: ledger.Claim in PostgreSQL's shape on both engines (on Citus the shape before the upsert; on PostgreSQL the same as claims: its noise floor)")
 	fmt.Fprintf(w, "reconcile: one pass over %d stuck keys, concurrency %d, %.0f ms downstream, self-check bracket on, %d rounds per engine\n\n",
 		r.Backlog, r.Concurrency, r.LatencyMs, r.Rounds)
 	for _, m := range []struct {
@@ -828,6 +861,7 @@ func printEngines(w io.Writer, r enginesReport) {
 	}{
 		{"claims", "claim", r.Claims, r.ClaimSummary, r.ClaimRatios},
 		{"claims, raw minimum", "claim", r.RawClaims, r.RawClaimSummary, r.RawClaimRatios},
+		{"claims, one-statement shape", "claim", r.OneStatementClaims, r.OneStatementSummary, r.OneStatementRatios},
 		{"reconcile", "key", r.Reconcile, r.ReconcileSummary, r.ReconcileRatios},
 	} {
 		fmt.Fprintf(w, "%s, round by round\n", m.title)

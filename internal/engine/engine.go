@@ -17,19 +17,24 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerkeeper/ledgerkeeper/ledger"
 )
 
 // state is unknown (0), PostgreSQL (1) or Citus (2).
 var state atomic.Int32
 
 // SetCitus makes this process use the Citus shapes (on) or the PostgreSQL
-// ones (off).
+// ones (off): the store's, and the tool side's claim
+// (ledger.UseCitusShapes), which the example tool server and the
+// conformance runs share with the daemon in one process.
 func SetCitus(on bool) {
 	if on {
 		state.Store(2)
 	} else {
 		state.Store(1)
 	}
+	ledger.UseCitusShapes(on)
 }
 
 // Citus reports whether the Citus shapes are in use (false while the

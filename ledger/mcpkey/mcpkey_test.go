@@ -10,6 +10,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -24,7 +25,12 @@ import (
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/mcpkey"
 )
 
-func TestMain(m *testing.M) { ledgertest.Main(m) }
+// On a Citus ledger (ledgertest's Citus mode) the claims take their Citus
+// shape, as a tool server on Citus does.
+func TestMain(m *testing.M) {
+	ledger.UseCitusShapes(os.Getenv(ledgertest.EnvCitusWorkers) != "")
+	ledgertest.Main(m)
+}
 
 // sink is the tool behind the middleware: one effect per run, counted per
 // key (or under "" for unkeyed runs).
