@@ -43,19 +43,28 @@ func age(t *testing.T, db *ledgertest.DB, key string, d time.Duration) {
 	db.Exec(t, `UPDATE idempotency_keys SET claimed_at = now() - $2::interval, created_at = now() - $2::interval WHERE key = $1`, key, d)
 }
 
-func TestClaimOutcomes(t *testing.T) {
-	t.Parallel()
-	db := ledgertest.New(t)
-	first := claim(t, db.Pool, "k1", "h1")
+// claimNewThenRefused claims key with hash (New, processing), then checks
+// that the same call again finds it in flight and other arguments a
+// fingerprint mismatch. It returns the first claim.
+func claimNewThenRefused(t *testing.T, db *ledgertest.DB, key, hash, other string) ledger.ClaimResult {
+	t.Helper()
+	first := claim(t, db.Pool, key, hash)
 	if first.Outcome != ledger.New || first.Row.Status != ledger.StatusProcessing {
 		t.Fatalf("first claim = %v %s", first.Outcome, first.Row.Status)
 	}
-	if got := claim(t, db.Pool, "k1", "h1"); got.Outcome != ledger.InFlight {
+	if got := claim(t, db.Pool, key, hash); got.Outcome != ledger.InFlight {
 		t.Fatalf("second claim = %v, want in_flight", got.Outcome)
 	}
-	if got := claim(t, db.Pool, "k1", "h2"); got.Outcome != ledger.FingerprintMismatch {
+	if got := claim(t, db.Pool, key, other); got.Outcome != ledger.FingerprintMismatch {
 		t.Fatalf("other fingerprint = %v", got.Outcome)
 	}
+	return first
+}
+
+func TestClaimOutcomes(t *testing.T) {
+	t.Parallel()
+	db := ledgertest.New(t)
+	first := claimNewThenRefused(t, db, "k1", "h1", "h2")
 	if err := ledger.Complete(ctx, db.Pool, "k1", first.Row.ClaimedAt, 201, json.RawMessage(`{"id":"T-1"}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -260,16 +269,7 @@ func TestCitusClaimShapeKeepsOneWinner(t *testing.T) {
 	ledger.UseCitusShapes(true)
 	t.Cleanup(func() { ledger.UseCitusShapes(was) })
 	db := ledgertest.New(t)
-	first := claim(t, db.Pool, "k1", "h1")
-	if first.Outcome != ledger.New || first.Row.Status != ledger.StatusProcessing {
-		t.Fatalf("first claim = %v %s", first.Outcome, first.Row.Status)
-	}
-	if got := claim(t, db.Pool, "k1", "h1"); got.Outcome != ledger.InFlight {
-		t.Fatalf("second claim = %v, want in_flight", got.Outcome)
-	}
-	if got := claim(t, db.Pool, "k1", "h2"); got.Outcome != ledger.FingerprintMismatch {
-		t.Fatalf("other fingerprint = %v", got.Outcome)
-	}
+	first := claimNewThenRefused(t, db, "k1", "h1", "h2")
 	if err := ledger.Abandon(ctx, db.Pool, "k1", first.Row.ClaimedAt); err != nil {
 		t.Fatal(err)
 	}

@@ -127,10 +127,14 @@ func (p PurgePolicy) cutoffs(now time.Time) ([]string, []time.Time, time.Time) {
 // transaction's now() minus each floor, cutoffs): Citus refuses date
 // arithmetic on a column's value (now() - a floor looked up by k.tool) in
 // a DELETE, and a bound cut-off is the same comparison on both engines.
-const purgeable = `k.expires_at < now()
-	  AND k.status IN ('completed', 'failed_retryable')
-	  AND k.created_at < coalesce(($3::timestamptz[])[array_position($2::text[], k.tool::text)], $4::timestamptz)
+const purgeable = purgeableUnheld + `
 	  AND k.key NOT IN (SELECT h.key FROM key_holds h)`
+
+// purgeableUnheld is purgeable without its hold check: the purge of one
+// key chosen shard by shard (purgeChosenKey) checks that key's hold alone.
+const purgeableUnheld = `k.expires_at < now()
+	  AND k.status IN ('completed', 'failed_retryable')
+	  AND k.created_at < coalesce(($3::timestamptz[])[array_position($2::text[], k.tool::text)], $4::timestamptz)`
 
 // PurgeCursor is a keyset position in (expires_at, key) order. The zero
 // value is the start. Paging by keyset means a batch never rescans the index
@@ -280,10 +284,10 @@ func PurgeExpiredBatchBy(ctx context.Context, db Beginner, shape PurgeShape, p P
 			var keys []string
 			var err error
 			if byShard {
-				res, keys, err = deleteChosen(ctx, tx, p, after, limit, &faults)
-			} else {
-				res, keys, err = deletePurge(ctx, tx, q, p, after, limit)
+				res, faults, err = deleteChosen(ctx, tx, p, after, limit)
+				return err
 			}
+			res, keys, err = deletePurge(ctx, tx, q, p, after, limit)
 			if err != nil || len(keys) == 0 {
 				return err
 			}

@@ -227,9 +227,10 @@ func purgeCandidatesByShard(ctx context.Context, db ledger.DBTX, tools []string,
 // $1 the key, $2-$4 the floors as in purgeable, whose hold check it makes
 // on the key alone, so that Citus routes it to the key's shard (it runs
 // a DELETE of = ANY(...) on every shard, the unreachable ones too).
-var purgeChosenKey = `DELETE FROM idempotency_keys k
+const purgeChosenKey = `DELETE FROM idempotency_keys k
 	WHERE k.key = $1::text
-	  AND ` + strings.Replace(purgeable, "k.key NOT IN (SELECT h.key FROM key_holds h)", "NOT EXISTS (SELECT 1 FROM key_holds h WHERE h.key = $1::text)", 1) + `
+	  AND ` + purgeableUnheld + `
+	  AND NOT EXISTS (SELECT 1 FROM key_holds h WHERE h.key = $1::text)
 	RETURNING k.key, k.tool, k.status, k.expires_at`
 
 // deleteChosen is deletePurge and checkHoldsAndStates for a batch chosen
@@ -237,7 +238,8 @@ var purgeChosenKey = `DELETE FROM idempotency_keys k
 // shards that answer, then deleted, their holds checked and their
 // reconcile_state rows deleted key by key, each statement on its key's
 // shard, pipelined.
-func deleteChosen(ctx context.Context, tx pgx.Tx, p PurgePolicy, after PurgeCursor, limit int, faultsOut *[]ShardFault) (PurgeBatchResult, []string, error) {
+// It returns the shards that did not answer.
+func deleteChosen(ctx context.Context, tx pgx.Tx, p PurgePolicy, after PurgeCursor, limit int) (PurgeBatchResult, []ShardFault, error) {
 	now, err := TxNow(ctx, tx)
 	if err != nil {
 		return PurgeBatchResult{}, nil, err
@@ -247,10 +249,9 @@ func deleteChosen(ctx context.Context, tx pgx.Tx, p PurgePolicy, after PurgeCurs
 	if err != nil {
 		return PurgeBatchResult{}, nil, err
 	}
-	*faultsOut = faults
 	res := PurgeBatchResult{Next: after, Candidates: len(chosen), Done: len(chosen) < limit}
 	if len(chosen) == 0 {
-		return res, nil, nil
+		return res, faults, nil
 	}
 	res.Next = chosen[len(chosen)-1]
 	type gone struct {
@@ -294,7 +295,7 @@ func deleteChosen(ctx context.Context, tx pgx.Tx, p PurgePolicy, after PurgeCurs
 		return cmp.Or(strings.Compare(a.Tool, b.Tool), strings.Compare(a.Status, b.Status))
 	})
 	if len(keys) == 0 {
-		return res, nil, nil
+		return res, faults, nil
 	}
 	// checkHoldsAndStates, key by key: a hold that committed after the
 	// DELETE's snapshot rolls the batch back (errHoldRace).
@@ -324,5 +325,5 @@ func deleteChosen(ctx context.Context, tx pgx.Tx, p PurgePolicy, after PurgeCurs
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 		return PurgeBatchResult{}, nil, err
 	}
-	return res, nil, nil
+	return res, faults, nil
 }

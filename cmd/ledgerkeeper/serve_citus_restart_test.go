@@ -54,16 +54,7 @@ func TestServeOnCitusResolvesKeysOnceThroughACoordinatorRestart(t *testing.T) {
 	}
 	gate.release()
 
-	resolved := func(keys []string) func() bool {
-		return func() bool {
-			for _, k := range keys {
-				if db.Count(t, `idempotency_keys WHERE key = $1 AND status = 'completed'`, k) != 1 {
-					return false
-				}
-			}
-			return true
-		}
-	}
+	resolved := func(keys []string) func() bool { return eachKey(t, db, keys, `status = 'completed'`, 1) }
 	testwait.Eventually(t, resolved(inFlight), 60*time.Second, "the keys in flight across the restart completed")
 	auditedOnce(t, db, inFlight)
 	// Their decisions were written after the restart: the answers of the

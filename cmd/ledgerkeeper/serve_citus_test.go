@@ -217,28 +217,8 @@ func TestServeOnCitusResolvesEveryKeyOnceThroughAWorkerOutage(t *testing.T) {
 	completedTicket(t, db, rt, "wf-witness:done")
 	stuckTickets(t, db, rt, first...)
 	logs := serveWith(t, db, cfg, slack)
-	// Key by key: each count goes to its key's shard, so it answers with
-	// a worker down.
-	resolved := func(keys []string) func() bool {
-		return func() bool {
-			for _, k := range keys {
-				if db.Count(t, `idempotency_keys WHERE key = $1 AND status = 'completed'`, k) != 1 {
-					return false
-				}
-			}
-			return true
-		}
-	}
-	gone := func(keys []string) func() bool {
-		return func() bool {
-			for _, k := range keys {
-				if db.Count(t, `idempotency_keys WHERE key = $1`, k) != 0 {
-					return false
-				}
-			}
-			return true
-		}
-	}
+	resolved := func(keys []string) func() bool { return eachKey(t, db, keys, `status = 'completed'`, 1) }
+	gone := func(keys []string) func() bool { return eachKey(t, db, keys, `true`, 0) }
 	testwait.Eventually(t, resolved(first), 40*time.Second, "every stuck key of both workers completed")
 	testwait.Eventually(t, func() bool {
 		return db.Count(t, `idempotency_keys WHERE key LIKE '%:expired-%'`) == 0
@@ -358,6 +338,20 @@ func TestServeOnCitusResolvesEveryKeyOnceThroughAWorkerOutage(t *testing.T) {
 		t.Errorf("the console's overview with every worker back: %d\n%s", code, page)
 	}
 	t.Logf("done at %s", time.Since(start).Round(time.Millisecond))
+}
+
+// eachKey is a wait condition: each of keys has want rows of
+// idempotency_keys matching cond. Key by key, so that each count goes to
+// its key's shard and answers while a worker is down.
+func eachKey(t *testing.T, db *pgtest.DB, keys []string, cond string, want int) func() bool {
+	return func() bool {
+		for _, k := range keys {
+			if db.Count(t, `idempotency_keys WHERE key = $1 AND `+cond, k) != want {
+				return false
+			}
+		}
+		return true
+	}
 }
 
 // shardsText is shard ids as the messages list them.

@@ -102,7 +102,7 @@ func runEngines(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	// The coordinator's counts of single- and multi-shard executions and
 	// of connections to the workers, for the sessions opened after this.
-	if err := execOnURL(ctx, cluster.Coordinator.URL, "ALTER DATABASE "+enginesDB+" SET citus.enable_stat_counters = on"); err != nil {
+	if err := citustest.Exec(ctx, cluster.Coordinator.URL, "ALTER DATABASE "+enginesDB+" SET citus.enable_stat_counters = on"); err != nil {
 		return fmt.Errorf("citus: %w", err)
 	}
 
@@ -906,14 +906,4 @@ func joinRatios(v []float64) string {
 		parts[i] = fmt.Sprintf("%.2f", f)
 	}
 	return strings.Join(parts, ", ")
-}
-
-func execOnURL(ctx context.Context, url, sql string) error {
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, sql)
-	return err
 }

@@ -447,7 +447,7 @@ func (c *Cluster) CreateDatabase(ctx context.Context, name, template string) err
 		}
 	}
 	for _, n := range c.Nodes() {
-		if err := execOn(ctx, n.URL, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{template}.Sanitize()); err != nil {
+		if err := Exec(ctx, n.URL, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{template}.Sanitize()); err != nil {
 			return fmt.Errorf("citustest: create database %s on port %d: %w", name, n.Port, err)
 		}
 	}
@@ -455,7 +455,7 @@ func (c *Cluster) CreateDatabase(ctx context.Context, name, template string) err
 		return nil
 	}
 	for _, n := range c.Nodes() {
-		if err := execOn(ctx, WithDatabase(n.URL, name), "CREATE EXTENSION citus"); err != nil {
+		if err := Exec(ctx, WithDatabase(n.URL, name), "CREATE EXTENSION citus"); err != nil {
 			return fmt.Errorf("citustest: CREATE EXTENSION citus in %s on port %d: %w", name, n.Port, err)
 		}
 	}
@@ -464,7 +464,7 @@ func (c *Cluster) CreateDatabase(ctx context.Context, name, template string) err
 		stmts = append(stmts, fmt.Sprintf("SELECT citus_add_node('127.0.0.1', %d)", w.Port))
 	}
 	for _, s := range stmts {
-		if err := execOn(ctx, WithDatabase(c.Coordinator.URL, name), s); err != nil {
+		if err := Exec(ctx, WithDatabase(c.Coordinator.URL, name), s); err != nil {
 			return fmt.Errorf("citustest: %s in %s: %w", s, name, err)
 		}
 	}
@@ -542,7 +542,8 @@ func (c *Cluster) DropDatabases(ctx context.Context, prefix string) error {
 	return errors.Join(errs...)
 }
 
-func execOn(ctx context.Context, url, sql string) error {
+// Exec runs sql on its own connection to url.
+func Exec(ctx context.Context, url, sql string) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return err
