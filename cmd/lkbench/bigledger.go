@@ -54,16 +54,29 @@ const bigWindow = 30 * time.Minute
 // bigMeasure is one measurement at one size.
 type bigMeasure struct {
 	Name string `json:"name"`
-	// Seconds are the repetitions' durations.
+	// Seconds are the repetitions' durations; Median, Min and Max theirs.
 	Seconds []float64 `json:"seconds"`
 	Median  float64   `json:"median_seconds"`
-	// Cold: each repetition ran right after a CHECKPOINT (every page's
-	// first change logs a full-page image), and WALBytes and FPI are the
-	// WAL written and the full-page images logged during it (nothing else
-	// writes meanwhile; FPI -1: no pg_stat_statements).
-	Cold     bool    `json:"after_checkpoint,omitempty"`
-	WALBytes []int64 `json:"wal_bytes,omitempty"`
-	FPI      []int64 `json:"wal_fpi,omitempty"`
+	Min     float64   `json:"min_seconds"`
+	Max     float64   `json:"max_seconds"`
+	// Every repetition runs right after a CHECKPOINT (every page's first
+	// change logs a full-page image), so a write's cost does not depend on
+	// how long ago the last one ran. WALBytes and FPI are the WAL written
+	// and the full-page images logged during each (nothing else writes
+	// meanwhile; FPI -1: no pg_stat_statements).
+	AfterCheckpoint bool    `json:"after_checkpoint"`
+	WALBytes        []int64 `json:"wal_bytes,omitempty"`
+	FPI             []int64 `json:"wal_fpi,omitempty"`
+	// Rows and Pages: the rows a purge batch deleted and the heap pages
+	// they were on (read before it ran), per repetition: a batch logs at
+	// most one full-page image per page.
+	Rows  []int64 `json:"rows,omitempty"`
+	Pages []int64 `json:"heap_pages,omitempty"`
+	// Cold: each repetition ran on a server just restarted (empty shared
+	// buffers) with the database's files evicted from the operating
+	// system's cache (posix_fadvise DONTNEED); otherwise warm, the ledger
+	// just built and vacuumed, in memory.
+	Cold bool `json:"cold,omitempty"`
 }
 
 // purgeBatchStep is the bigledger step measured after a checkpoint.
@@ -114,14 +127,15 @@ func runBigLedger(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		sizeArg = fs.String("sizes", "1,5,20", "ledger sizes to measure, ascending, in units of --scale keys (the ledger grows from one to the next)")
 		scale   = fs.Int64("scale", 1_000_000, "keys per unit of --sizes (e.g. 10000 for a smoke run in seconds)")
 		reps    = fs.Int("reps", 5, "repetitions of each measurement (the reconcile pass runs once per size)")
+		cold    = fs.Int("cold-reps", 3, "repetitions of each measurement cold: the server restarted and the database's files evicted from the OS cache before each (0: none; not with --database-url)")
 		jsonOut = fs.String("json", "", "also write the results to this file as JSON")
 		keep    = fs.Bool("keep", false, "keep database lkbench_bigledger afterwards (with --database-url), to look at it")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *scale <= 0 || *reps <= 0 {
-		return errors.New("--scale and --reps must be positive")
+	if *scale <= 0 || *reps <= 0 || *cold < 0 {
+		return errors.New("--scale and --reps must be positive, --cold-reps not negative")
 	}
 	var sizes []int64
 	for _, s := range strings.Split(*sizeArg, ",") {
@@ -181,7 +195,11 @@ func runBigLedger(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := os.WriteFile(cfgPath, bigConfig("http://"+ln.Addr().String()), 0o600); err != nil {
 		return err
 	}
-	b := &bigBench{db: db, old: old, url: url, bin: *bin, cfg: cfgPath, reps: *reps, logf: logf}
+	b := &bigBench{db: db, old: old, url: url, bin: *bin, cfg: cfgPath, reps: *reps, logf: logf, restart: srv.restart, coldReps: *cold}
+	if b.restart == nil && b.coldReps > 0 {
+		logf("not measuring cold: a server given by --database-url is not restarted")
+		b.coldReps = 0
+	}
 	if b.indexDefs, err = b.readIndexDefs(ctx); err != nil {
 		return err
 	}
@@ -217,6 +235,9 @@ type bigBench struct {
 	reps      int
 	logf      func(string, ...any)
 	indexDefs []bigIndex
+	// restart and coldReps: the cold measurements (nil, 0: none).
+	restart  func(ctx context.Context, whileDown func(dataDir string) error) error
+	coldReps int
 }
 
 // bigIndex is one index of idempotency_keys as the migrations created it.
@@ -434,48 +455,58 @@ var oldStatusQueries = []string{
 }
 
 func (b *bigBench) measure(ctx context.Context, res *bigSize) error {
+	var purged int64 // rows the last purge batch deleted
 	run := func(name string, reps int, cold bool, f func(i int) error) error {
-		m := bigMeasure{Name: name, Cold: cold}
+		m := bigMeasure{Name: name, AfterCheckpoint: true, Cold: cold}
+		isPurge := name == purgeBatchStep
 		for i := range reps {
-			var w0, p0 int64
 			if cold {
-				// Measured after a checkpoint, so that a batch's cost does
-				// not depend on how long ago the last one ran.
-				if _, err := b.db.Exec(ctx, `CHECKPOINT`); err != nil {
-					return fmt.Errorf("%s: checkpoint: %w", name, err)
-				}
-				_, _ = b.db.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
-				_, _ = b.db.Exec(ctx, `SELECT pg_stat_statements_reset()`)
-				var err error
-				if w0, p0, err = walStats(ctx, b.db); err != nil {
+				if err := b.coldStart(ctx); err != nil {
 					return fmt.Errorf("%s: %w", name, err)
 				}
+			} else if _, err := b.db.Exec(ctx, `CHECKPOINT`); err != nil {
+				return fmt.Errorf("%s: checkpoint: %w", name, err)
 			}
+			var pages int64
+			if isPurge {
+				if err := b.db.QueryRow(ctx, purgePagesSQL, time.Now().Add(-expiry.DefaultConfig().MinAge), expiry.DefaultConfig().BatchSize).Scan(&pages); err != nil {
+					return fmt.Errorf("%s: pages of the batch: %w", name, err)
+				}
+			}
+			_, _ = b.db.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
+			_, _ = b.db.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+			w0, p0, err := walStats(ctx, b.db)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			purged = 0
 			t0 := time.Now()
 			if err := f(i); err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
 			m.Seconds = append(m.Seconds, round4(time.Since(t0).Seconds()))
-			if cold {
-				w1, p1, err := walStats(ctx, b.db)
-				if err != nil {
-					return fmt.Errorf("%s: %w", name, err)
-				}
-				fpi := p1 - p0
-				if p0 < 0 || p1 < 0 {
-					fpi = -1
-				}
-				m.WALBytes, m.FPI = append(m.WALBytes, w1-w0), append(m.FPI, fpi)
+			w1, p1, err := walStats(ctx, b.db)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			fpi := p1 - p0
+			if p0 < 0 || p1 < 0 {
+				fpi = -1
+			}
+			m.WALBytes, m.FPI = append(m.WALBytes, w1-w0), append(m.FPI, fpi)
+			if isPurge {
+				m.Rows, m.Pages = append(m.Rows, purged), append(m.Pages, pages)
 			}
 		}
 		s := slices.Clone(m.Seconds)
 		slices.Sort(s)
-		m.Median = s[len(s)/2]
+		m.Median, m.Min, m.Max = s[len(s)/2], s[0], s[len(s)-1]
 		res.Measures = append(res.Measures, m)
-		b.logf("%d keys: %-34s median %7.3fs  %v", res.Keys, name, m.Median, m.Seconds)
+		temp := "warm"
 		if cold {
-			b.logf("%d keys: %-34s after a checkpoint: WAL bytes %v, full-page images %v", res.Keys, name, m.WALBytes, m.FPI)
+			temp = "cold"
 		}
+		b.logf("%d keys: %-34s %s median %7.3fs  %v; WAL bytes %v, full-page images %v", res.Keys, name, temp, m.Median, m.Seconds, m.WALBytes, m.FPI)
 		return nil
 	}
 	cli := func(args ...string) (string, error) {
@@ -541,6 +572,7 @@ func (b *bigBench) measure(ctx context.Context, res *bigSize) error {
 			if err == nil && r.Keys == 0 && i == 0 {
 				err = errors.New("nothing purged: no expired keys left")
 			}
+			purged = r.Keys
 			return err
 		}},
 		{"reconcile pass, 1000 stuck keys", 1, func(int) error {
@@ -568,12 +600,48 @@ func (b *bigBench) measure(ctx context.Context, res *bigSize) error {
 				return err
 			}
 		}
-		// The purge batch is measured after a checkpoint, with its WAL and
-		// full-page images: warm, its cost was the time since the last one.
-		if err := run(s.name, s.reps, s.name == purgeBatchStep, s.f); err != nil {
+		if err := run(s.name, s.reps, false, s.f); err != nil {
 			return err
 		}
 	}
+	if b.coldReps == 0 {
+		return nil
+	}
+	// Cold: the same steps again, each repetition on a restarted server
+	// whose files were evicted from the OS cache; the stuck keys the pass
+	// decided are put back first.
+	if err := b.resetOperatorKeys(ctx); err != nil {
+		return fmt.Errorf("operator keys, for the cold measurements: %w", err)
+	}
+	if _, err := b.db.Exec(ctx, `VACUUM (ANALYZE) reconcile_state, key_holds`); err != nil {
+		return err
+	}
+	for _, s := range steps {
+		if err := run(s.name, min(s.reps, b.coldReps), true, s.f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// purgePagesSQL counts the heap pages of the rows the next purge batch
+// deletes (purgeableUnheld in store/purge.go, from the start of the
+// keyset; no key is held in the bulk): the bound on its full-page images.
+const purgePagesSQL = `SELECT count(DISTINCT (ctid::text::point)[0])::bigint FROM (
+	SELECT ctid FROM idempotency_keys
+	WHERE expires_at < now() AND status IN ('completed', 'failed_retryable') AND created_at < $1
+	ORDER BY expires_at, key LIMIT $2) c`
+
+// coldStart restarts the server with the database's files evicted from
+// the operating system's cache while it is down: the next statement reads
+// from the disk what it needs (the shutdown is itself a checkpoint). The
+// pools' connections died with the server and are dropped.
+func (b *bigBench) coldStart(ctx context.Context) error {
+	if err := b.restart(ctx, evictOSCache); err != nil {
+		return err
+	}
+	b.db.Reset()
+	b.old.Reset()
 	return nil
 }
 
@@ -660,22 +728,44 @@ func printBigResults(w io.Writer, results []bigSize) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "measurement (median seconds)\t")
+	fmt.Fprint(tw, "measurement (seconds: median [min, max])\t")
 	for _, r := range results {
 		fmt.Fprintf(tw, "%s keys\t", humanKeys(r.Keys))
 	}
 	last := len(results) - 1
 	if last > 0 {
-		fmt.Fprintf(tw, "%s/%s\t", humanKeys(results[last].Keys), humanKeys(results[0].Keys))
+		fmt.Fprintf(tw, "%s/%s: medians [range]\t", humanKeys(results[last].Keys), humanKeys(results[0].Keys))
 	}
 	fmt.Fprintln(tw)
 	for i, m := range results[0].Measures {
-		fmt.Fprintf(tw, "%s\t", m.Name)
+		name := m.Name
+		if m.Cold {
+			name += ", cold"
+		}
+		fmt.Fprintf(tw, "%s\t", name)
 		for _, r := range results {
-			fmt.Fprintf(tw, "%.3f\t", r.Measures[i].Median)
+			x := r.Measures[i]
+			fmt.Fprintf(tw, "%.3f [%.3f, %.3f]\t", x.Median, x.Min, x.Max)
 		}
 		if last > 0 {
-			fmt.Fprintf(tw, "%.2f\t", results[last].Measures[i].Median/results[0].Measures[i].Median)
+			// The range: the largest size's fastest over the smallest's
+			// slowest, and the other way round.
+			a, z := results[0].Measures[i], results[last].Measures[i]
+			fmt.Fprintf(tw, "%.2f [%.2f, %.2f]\t", z.Median/a.Median, z.Min/a.Max, z.Max/a.Min)
+		}
+		fmt.Fprintln(tw)
+	}
+	for i, m := range results[0].Measures {
+		if m.Name != purgeBatchStep {
+			continue
+		}
+		name := "  its WAL per row, B; full-page images and heap pages per row"
+		if m.Cold {
+			name += ", cold"
+		}
+		fmt.Fprintf(tw, "%s\t", name)
+		for _, r := range results {
+			fmt.Fprintf(tw, "%s\t", purgeWALPerRow(r.Measures[i]))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -706,6 +796,25 @@ func printBigResults(w io.Writer, results []bigSize) {
 	tw.Flush()
 	printBigConsole(w, results)
 	fmt.Fprintf(w, "\nstatus at %s keys:\n%s\n", humanKeys(results[last].Keys), results[last].StatusSample)
+}
+
+// purgeWALPerRow is a purge batch's WAL bytes, full-page images and heap
+// pages per row deleted, medians over its repetitions.
+func purgeWALPerRow(m bigMeasure) string {
+	var wal, fpi, pages []float64
+	for j, rows := range m.Rows {
+		if rows <= 0 || j >= len(m.WALBytes) || j >= len(m.Pages) {
+			continue
+		}
+		wal = append(wal, float64(m.WALBytes[j])/float64(rows))
+		fpi = append(fpi, float64(m.FPI[j])/float64(rows))
+		pages = append(pages, float64(m.Pages[j])/float64(rows))
+	}
+	if len(wal) == 0 {
+		return "-"
+	}
+	med := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	return fmt.Sprintf("%.0f; %.2f, %.2f", med(wal), med(fpi), med(pages))
 }
 
 func humanKeys(n int64) string {

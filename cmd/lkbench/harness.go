@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	neturl "net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
 
 	"github.com/ledgerkeeper/ledgerkeeper/ledger/ledgertest/pgembed"
 )
@@ -22,6 +25,9 @@ import (
 type server struct {
 	adminURL string
 	stop     func()
+	// restart restarts an ephemeral cluster (pgembed.Server.Restart); nil
+	// for a server given by URL, which a benchmark must not restart.
+	restart func(ctx context.Context, whileDown func(dataDir string) error) error
 }
 
 // benchSettings make the ephemeral cluster a small but plausible server:
@@ -59,7 +65,7 @@ func startEphemeral(ctx context.Context, durable bool, logf func(string, ...any)
 	if err != nil {
 		return nil, err
 	}
-	return &server{adminURL: srv.URL, stop: srv.Stop}, nil
+	return &server{adminURL: srv.URL, stop: srv.Stop, restart: srv.Restart}, nil
 }
 
 func (s *server) exec(ctx context.Context, sql string) error {
@@ -308,4 +314,27 @@ func buildLedgerkeeper(ctx context.Context, dir, sub string, logf func(string, .
 		return "", fmt.Errorf("go build ./cmd/ledgerkeeper (run lkbench %s from the repository root, or pass --bin): %w", sub, err)
 	}
 	return bin, nil
+}
+
+// evictOSCache drops the operating system's cached pages of every file of
+// every database under dataDir (posix_fadvise DONTNEED; the files must be
+// clean, as after a shutdown), so that the next reads come from the disk:
+// the cold case when the cache itself cannot be dropped (no root in
+// /proc/sys/vm/drop_caches). The files must be readable by this process
+// (root, or the cluster's owner).
+func evictOSCache(dataDir string) error {
+	return filepath.WalkDir(filepath.Join(dataDir, "base"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return fmt.Errorf("evict from the OS cache: %w", err)
+		}
+		defer f.Close()
+		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+			return fmt.Errorf("evict %s from the OS cache: %w", path, err)
+		}
+		return nil
+	})
 }

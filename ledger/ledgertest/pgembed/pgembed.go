@@ -53,6 +53,9 @@ type Server struct {
 	BinDir string
 
 	dir     string
+	data    string
+	opts    Options
+	cred    *syscall.Credential
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	stopped sync.Once
@@ -119,7 +122,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("temp dir for PostgreSQL: %w", err)
 	}
-	s := &Server{BinDir: bin, dir: dir, exited: make(chan struct{}), logPath: filepath.Join(dir, "postgres.log")}
+	s := &Server{BinDir: bin, dir: dir, exited: make(chan struct{}), logPath: filepath.Join(dir, "postgres.log"), opts: opts, cred: cred}
 	fail := func(err error) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, err
@@ -130,6 +133,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		}
 	}
 	data := filepath.Join(dir, "data")
+	s.data = data
 	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
 		"-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
@@ -167,7 +171,7 @@ func (s *Server) startPostmaster(ctx context.Context, data string, port int, cre
 	for _, k := range keys {
 		args = append(args, "-c", k+"="+opts.Settings[k])
 	}
-	logf, err := os.Create(s.logPath)
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) // appended to across a Restart
 	if err != nil {
 		return err
 	}
@@ -209,6 +213,41 @@ func (s *Server) startPostmaster(ctx context.Context, data string, port int, cre
 			return nil
 		}
 	}
+}
+
+// Restart shuts the cluster down (fast shutdown: a checkpoint, then every
+// session ends) and starts it again on the same port with the same
+// settings, so the server's shared buffers start empty; whileDown, when not
+// nil, runs in between with the data directory's path (a benchmark evicts
+// the files from the operating system's cache there). Open connections are
+// gone afterwards. Not safe to call concurrently with itself or Stop.
+func (s *Server) Restart(ctx context.Context, whileDown func(dataDir string) error) error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return errors.New("pgembed: restart of a cluster that is not running")
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		return fmt.Errorf("pgembed: stop for restart: %w", err)
+	}
+	select {
+	case <-s.exited:
+	case <-ctx.Done():
+		return fmt.Errorf("pgembed: waiting for the shutdown: %w", ctx.Err())
+	}
+	if whileDown != nil {
+		if err := whileDown(s.data); err != nil {
+			return err
+		}
+	}
+	timeout := s.opts.StartTimeout
+	if timeout == 0 {
+		timeout = 60 * time.Second
+	}
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := s.startPostmaster(sctx, s.data, s.Port, s.cred, s.opts); err != nil {
+		return fmt.Errorf("pgembed: restart: %w", err)
+	}
+	return nil
 }
 
 // Stop shuts the cluster down (fast shutdown, then immediate) and removes its
