@@ -323,11 +323,16 @@ func buildLedgerkeeper(ctx context.Context, dir, sub string, logf func(string, .
 // /proc/sys/vm/drop_caches). The files must be readable by this process
 // (root, or the cluster's owner).
 func evictOSCache(dataDir string) error {
-	return filepath.WalkDir(filepath.Join(dataDir, "base"), func(path string, d fs.DirEntry, err error) error {
+	root, err := os.OpenRoot(filepath.Join(dataDir, "base"))
+	if err != nil {
+		return fmt.Errorf("evict from the OS cache: %w", err)
+	}
+	defer root.Close()
+	return fs.WalkDir(root.FS(), ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.Type().IsRegular() {
 			return err
 		}
-		f, err := os.Open(path)
+		f, err := root.Open(path)
 		if err != nil {
 			return fmt.Errorf("evict from the OS cache: %w", err)
 		}

@@ -171,7 +171,7 @@ func (s *Server) startPostmaster(ctx context.Context, data string, port int, cre
 	for _, k := range keys {
 		args = append(args, "-c", k+"="+opts.Settings[k])
 	}
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) // appended to across a Restart
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600) // appended to across a Restart
 	if err != nil {
 		return err
 	}
