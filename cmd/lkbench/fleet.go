@@ -155,6 +155,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		warmup       = fs.Int("warmup", 40, "warm-up passes of every variant before the measured rounds (a fleet ledger's statements reach a connection's generic plan only after several passes: a daemon's first minutes)")
 		reload       = fs.String("reload", reloadDelete, "how a pass's keys replace the last pass's: delete (DELETE and no VACUUM ANALYZE after the first load: the caches a long-running daemon keeps between passes survive; autovacuum runs as it would) or truncate (TRUNCATE, then VACUUM ANALYZE: every table gets a new file and new statistics, so every connection's cached plans and catalog entries for it are invalidated before every pass, which no daemon does)")
 		stmtCache    = fs.Int("statement-cache", 0, "pgx statement_cache_capacity of the engines' pools (0: pgx's default, 512 per connection)")
+		serverSets   = fs.String("server-settings", "", "extra settings of the benchmark's PostgreSQL, comma-separated name=value (e.g. autovacuum=off, to see what autovacuum's ANALYZE of the ledgers' tables costs the cached plans)")
 		jsonOut      = fs.String("json", "", "also write the results as JSON to FILE")
 		cpuProfile   = fs.String("cpuprofile", "", "write a CPU profile of the measured rounds to FILE, each sample labelled with its variant (go tool pprof -tagfocus variant=fleet/ledger:2)")
 	)
@@ -193,6 +194,17 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case *hang && !slices.Contains(variants, variantFleet):
 		return errors.New("--hang runs beside the fleet variant: add fleet to --variants, or --hang=false")
 	}
+	extra := map[string]string{}
+	for kv := range strings.SplitSeq(*serverSets, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return fmt.Errorf("--server-settings: %q is not name=value", kv)
+		}
+		extra[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
 	if *capacity < 0 {
 		*capacity = *concurrency
 	}
@@ -225,7 +237,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *hang {
 		need += *maxConns
 	}
-	srv, err := startFleetServer(ctx, max(400, need), logf)
+	srv, err := startFleetServer(ctx, max(400, need), extra, logf)
 	if err != nil {
 		return err
 	}
@@ -313,11 +325,12 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// startFleetServer starts the ephemeral cluster of benchSettings admitting
-// maxConns connections.
-func startFleetServer(ctx context.Context, maxConns int, logf func(string, ...any)) (*server, error) {
-	logf("starting an ephemeral durable PostgreSQL cluster (fsync on, max_connections %d)", maxConns)
+// startFleetServer starts the ephemeral cluster of benchSettings and extra
+// admitting maxConns connections.
+func startFleetServer(ctx context.Context, maxConns int, extra map[string]string, logf func(string, ...any)) (*server, error) {
+	logf("starting an ephemeral durable PostgreSQL cluster (fsync on, max_connections %d; %v)", maxConns, extra)
 	settings := maps.Clone(benchSettings)
+	maps.Copy(settings, extra)
 	// pgembed passes its own max_connections first: a later -c wins.
 	settings["max_connections"] = strconv.Itoa(maxConns)
 	srv, err := pgembed.Start(ctx, pgembed.Options{Durable: true, Settings: settings, StartTimeout: 2 * time.Minute})
@@ -781,6 +794,10 @@ func (b *fleetBench) passFleet(ctx context.Context, s *fleetSetup, hung bool) (f
 	if err := b.loadFleet(ctx, hung); err != nil {
 		return fleetPass{}, err
 	}
+	analyses, err := b.analyses(ctx)
+	if err != nil {
+		return fleetPass{}, err
+	}
 	var hungPool *pgxpool.Pool
 	var hungEngine *reconcile.Engine
 	if hung {
@@ -829,6 +846,7 @@ func (b *fleetBench) passFleet(ctx context.Context, s *fleetSetup, hung bool) (f
 	wg.Wait()
 	el := time.Since(start)
 	res := m.stop(ctx, variant, b.keys, el)
+	res.Analyses = analyses
 	probedMax := b.keys
 	if hung {
 		// Before anything that may fail: the hung pool closes only once
@@ -865,6 +883,21 @@ func (b *fleetBench) passFleet(ctx context.Context, s *fleetSetup, hung bool) (f
 // fillPool opens every connection of pool before the pass: a process's
 // pool has its connections already, and their start-up (a backend forked
 // for each) is no part of the pass.
+// analyses sums the fleet's databases' analyse counts (pg_stat_user_tables:
+// autovacuum's and ANALYZE's); the statistics collector reports them with
+// a lag of up to a second or so.
+func (b *fleetBench) analyses(ctx context.Context) (int64, error) {
+	var total int64
+	for _, d := range b.dbs {
+		var n int64
+		if err := d.loader.QueryRow(ctx, `SELECT coalesce(sum(autoanalyze_count + analyze_count), 0)::bigint FROM pg_stat_user_tables`).Scan(&n); err != nil {
+			return 0, fmt.Errorf("%s: analyse counts: %w", d.name, err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
 func fillPool(ctx context.Context, pool *pgxpool.Pool) error {
 	var conns []*pgxpool.Conn
 	defer func() {
@@ -1276,6 +1309,11 @@ type fleetPass struct {
 	Pools []poolUse   `json:"pools"`
 	Hung  *hungResult `json:"hung,omitempty"`
 	Load  string      `json:"load_after"`
+	// Analyses is how many times the fleet's databases' tables had been
+	// analysed (by autovacuum or ANALYZE) when the pass started, summed:
+	// the difference between two passes of a variant is the analyses
+	// that invalidated its connections' cached plans in between.
+	Analyses int64 `json:"fleet_analyses_so_far"`
 }
 
 // poolUse is a database's pools' connections during a pass (pgxpool.Stat,
@@ -1364,6 +1402,10 @@ type fleetSummary struct {
 	StatementMsPerKey float64 `json:"statement_ms_per_key"`
 	PlansPerKey       float64 `json:"plans_per_key"`
 	PlanMsPerKey      float64 `json:"plan_ms_per_key"`
+	// AnalysesBetween spreads the analyses of the fleet's tables between
+	// two consecutive passes of a fleet variant (each one invalidates the
+	// cached plans of the statements on its table).
+	AnalysesBetween *spread `json:"analyses_between_passes,omitempty"`
 	// PeakPerLedger is the most connections a pool of the fleet's had
 	// acquired per ledger sharing it, over every pass (the hung ledger's
 	// own pool apart); MeanPerLedger the mean of its passes' means.
@@ -1419,6 +1461,16 @@ func summariseFleet(variant string, runs []fleetPass, ideal float64) fleetSummar
 	k := float64(keys)
 	s.StatementsPerKey, s.StatementMsPerKey = round2(float64(st.Calls)/k), round3(st.ExecMs/k)
 	s.PlansPerKey, s.PlanMsPerKey = round2(float64(st.Plans)/k), round3(st.PlanMs/k)
+	var between []float64
+	for i := 1; i < len(runs); i++ {
+		if runs[i].Analyses > 0 {
+			between = append(between, float64(runs[i].Analyses-runs[i-1].Analyses))
+		}
+	}
+	if len(between) > 0 {
+		a := spreadOf(between)
+		s.AnalysesBetween = &a
+	}
 	return s
 }
 
@@ -1498,6 +1550,11 @@ func printFleet(w io.Writer, r fleetReport) {
 			float64(s.PeakRSSKiB)/1024, s.PeakOpenAll, s.PeakAcquiredAll, s.PeakPerLedger, s.MeanPerLedger, s.EmptyAcquires)
 	}
 	tw.Flush()
+	for _, s := range r.Variants {
+		if a := s.AnalysesBetween; a != nil {
+			fmt.Fprintf(w, "%s: the fleet's tables analysed between two of its passes: %.0f (%.0f–%.0f)\n", s.Variant, a.Median, a.Min, a.Max)
+		}
+	}
 	fmt.Fprintf(w, "\nRSS after the warm-up passes: %.1f MiB\n", float64(r.RSSBeforeKiB)/1024)
 	var ratios []*fleetRatio
 	for i := range r.Ratios {
