@@ -105,6 +105,8 @@ type bigSize struct {
 	IndexSeconds  float64      `json:"index_seconds"`
 	VacuumSeconds float64      `json:"vacuum_analyze_seconds"`
 	Measures      []bigMeasure `json:"measures"`
+	// Layout: where the rows lie on the table's pages (--layout).
+	Layout string `json:"layout"`
 	// Bytes: table (heap + TOAST), all indexes, and each index.
 	TableBytes   int64            `json:"table_bytes"`
 	IndexesBytes int64            `json:"indexes_bytes"`
@@ -129,6 +131,7 @@ func runBigLedger(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		reps    = fs.Int("reps", 5, "repetitions of each measurement (the reconcile pass runs once per size)")
 		cold    = fs.Int("cold-reps", 3, "repetitions of each measurement cold: the server restarted and the database's files evicted from the OS cache before each (0: none; not with --database-url)")
 		jsonOut = fs.String("json", "", "also write the results to this file as JSON")
+		layout  = fs.String("layout", layoutSpread, "where the rows lie on the table's pages: spread (each insert chunk spans the whole period, its rows scattered over its pages: each of the oldest keys, and of the last hour's, on a page of its own, the worst case for the purge batch and the p99 sample) or time (the ledger rebuilt at each size in creation order, as tool servers write it)")
 		keep    = fs.Bool("keep", false, "keep database lkbench_bigledger afterwards (with --database-url), to look at it")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -136,6 +139,9 @@ func runBigLedger(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if *scale <= 0 || *reps <= 0 || *cold < 0 {
 		return errors.New("--scale and --reps must be positive, --cold-reps not negative")
+	}
+	if *layout != layoutSpread && *layout != layoutTime {
+		return fmt.Errorf("--layout must be %s or %s, not %q", layoutSpread, layoutTime, *layout)
 	}
 	var sizes []int64
 	for _, s := range strings.Split(*sizeArg, ",") {
@@ -195,7 +201,7 @@ func runBigLedger(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := os.WriteFile(cfgPath, bigConfig("http://"+ln.Addr().String()), 0o600); err != nil {
 		return err
 	}
-	b := &bigBench{db: db, old: old, url: url, bin: *bin, cfg: cfgPath, reps: *reps, logf: logf, restart: srv.restart, coldReps: *cold}
+	b := &bigBench{db: db, old: old, url: url, bin: *bin, cfg: cfgPath, reps: *reps, logf: logf, restart: srv.restart, coldReps: *cold, layout: *layout}
 	if b.restart == nil && b.coldReps > 0 {
 		logf("not measuring cold: a server given by --database-url is not restarted")
 		b.coldReps = 0
@@ -238,7 +244,14 @@ type bigBench struct {
 	// restart and coldReps: the cold measurements (nil, 0: none).
 	restart  func(ctx context.Context, whileDown func(dataDir string) error) error
 	coldReps int
+	layout   string // layoutSpread or layoutTime
 }
+
+// The ledger's layouts (--layout).
+const (
+	layoutSpread = "spread"
+	layoutTime   = "time"
+)
 
 // bigIndex is one index of idempotency_keys as the migrations created it.
 type bigIndex struct {
@@ -268,7 +281,15 @@ func (b *bigBench) readIndexDefs(ctx context.Context) ([]bigIndex, error) {
 // size grows the ledger from have to n keys and measures it.
 func (b *bigBench) size(ctx context.Context, have, n int64) (bigSize, error) {
 	res := bigSize{Keys: n}
-	b.logf("%d keys: dropping the indexes, inserting %d rows", n, n-have)
+	if b.layout == layoutTime {
+		// Creation order over the whole ledger: built again from nothing.
+		if _, err := b.db.Exec(ctx, `TRUNCATE idempotency_keys, reconcile_state, key_holds, reconcile_audit`); err != nil {
+			return res, err
+		}
+		have = 0
+	}
+	res.Layout = b.layout
+	b.logf("%d keys: dropping the indexes, inserting %d rows (layout %s)", n, n-have, b.layout)
 	for _, ix := range b.indexDefs {
 		q := "DROP INDEX " + ix.name
 		if ix.constraint {
@@ -357,6 +378,15 @@ func (b *bigBench) insert(ctx context.Context, have, n int64) error {
 		fmt.Fprintf(&toolCase, " WHEN i %% 100 < %d THEN '%s'", cum, t.name)
 	}
 	toolCase.WriteString(" END")
+	// created is a row's creation time: spread, each chunk spans the whole
+	// period with its rows in a scattered order; time, row i of n at its
+	// place in the period, so rows lie on the pages in creation order.
+	created := `now() - interval '7 days 6 hours' + ((i * 7919) % ($2 - $1 + 1) + 0.5) * (interval '7 days 6 hours' / ($2 - $1 + 1))`
+	var extra []any
+	if b.layout == layoutTime {
+		created = `now() - interval '7 days 6 hours' + (i - 0.5) * (interval '7 days 6 hours' / $3::bigint)`
+		extra = []any{n}
+	}
 	var done sync.Mutex
 	var inserted int64
 	for lo := have + 1; lo <= n; lo += chunk {
@@ -373,9 +403,9 @@ func (b *bigBench) insert(ctx context.Context, have, n int64) error {
 			       t.c, t.c, t.c + t.took, t.c + interval '7 days'
 			FROM generate_series($1::bigint, $2::bigint) i,
 			     LATERAL (SELECT `+toolCase.String()+` AS tool,
-			                     now() - interval '7 days 6 hours' + ((i * 7919) % ($2 - $1 + 1) + 0.5) * (interval '7 days 6 hours' / ($2 - $1 + 1)) AS c,
+			                     `+created+` AS c,
 			                     CASE WHEN i % 100 = 3 THEN interval '8 seconds' ELSE interval '1 millisecond' * (20 + (i * 37) % 1500) END AS took) t`,
-				lo, hi)
+				append([]any{lo, hi}, extra...)...)
 			if err != nil {
 				return fmt.Errorf("insert keys %d-%d: %w", lo, hi, err)
 			}
@@ -728,7 +758,7 @@ func printBigResults(w io.Writer, results []bigSize) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "measurement (seconds: median [min, max])\t")
+	fmt.Fprintf(tw, "measurement (seconds: median [min, max]; layout %s)\t", results[0].Layout)
 	for _, r := range results {
 		fmt.Fprintf(tw, "%s keys\t", humanKeys(r.Keys))
 	}
