@@ -271,12 +271,33 @@ func runHotPath(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	out.HalfRate = half
+	// CPU per request: on two cores the driver, the server and PostgreSQL
+	// share the CPU, so latency there says more about the scheduler than
+	// about the variant; the CPU each request cost does not.
+	pgc, err := newPGCPU(ctx, pool)
+	if err != nil {
+		return err
+	}
 	for round := range 2 {
 		for j := range hotVariants {
 			v := hotVariants[(round+j)%len(hotVariants)]
+			g0, p0 := selfCPU(), time.Duration(0)
+			if p0, err = pgc.sample(); err != nil {
+				return err
+			}
 			s := drv.Run(ctx, half, *halfDur, fresh(v))
-			logf("at 50%%: %-22s %5.0f/s: p50 %6.2f ms, p99 %7.2f ms, errors %d, load %s", v, half, s.P50ms, s.P99ms, s.Errors, loadAvg())
-			out.Half = append(out.Half, variantStep{Variant: v, loadStep: s})
+			p1, err := pgc.sample()
+			if err != nil {
+				return err
+			}
+			step := variantStep{Variant: v, loadStep: s}
+			if done := s.Sent - s.Errors; done > 0 {
+				step.ProcessCPUus = round2(float64((selfCPU() - g0).Microseconds()) / float64(done))
+				step.PGCPUus = round2(float64((p1 - p0).Microseconds()) / float64(done))
+			}
+			logf("at 50%%: %-22s %5.0f/s: p50 %6.2f ms, p99 %7.2f ms, errors %d, CPU per request: process %.0f µs, PostgreSQL %.0f µs, load %s",
+				v, half, s.P50ms, s.P99ms, s.Errors, step.ProcessCPUus, step.PGCPUus, loadAvg())
+			out.Half = append(out.Half, step)
 			out.LoadDuring = append(out.LoadDuring, loadAvg())
 		}
 	}
@@ -394,6 +415,11 @@ type requestCost struct {
 type variantStep struct {
 	Variant string `json:"variant"`
 	loadStep
+	// ProcessCPUus and PGCPUus are the CPU per completed request of this
+	// process (the driver and the tool server together) and of
+	// PostgreSQL's processes, over the run (the runs at 50% only).
+	ProcessCPUus float64 `json:"process_cpu_us_per_request,omitempty"`
+	PGCPUus      float64 `json:"postgresql_cpu_us_per_request,omitempty"`
 }
 
 type contention struct {
@@ -554,12 +580,13 @@ func printHotPath(w io.Writer, r hotReport) {
 	}
 	fmt.Fprintf(w, "\nat 50%% of the raw minimum's saturation (%.0f/s), two runs each, alternating\n", r.HalfRate)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "variant\tp50 ms\tp99 ms\tmax ms\terrors\tp50 / raw\tp99 / raw")
-	rawP50, rawP99 := map[int]float64{}, map[int]float64{}
+	fmt.Fprintln(tw, "variant\tp50 ms\tp99 ms\tmax ms\terrors\tp50 / raw\tp99 / raw\tCPU µs/request: process (driver + server)\tPostgreSQL\tboth / raw's")
+	rawP50, rawP99, rawCPU := map[int]float64{}, map[int]float64{}, map[int]float64{}
 	seen := map[string]int{}
 	for _, s := range r.Half {
 		if s.Variant == "raw" {
 			rawP50[seen["raw"]], rawP99[seen["raw"]] = s.P50ms, s.P99ms
+			rawCPU[seen["raw"]] = s.ProcessCPUus + s.PGCPUus
 		}
 		seen[s.Variant]++
 	}
@@ -567,7 +594,8 @@ func printHotPath(w io.Writer, r hotReport) {
 	for _, s := range r.Half {
 		i := seen[s.Variant]
 		seen[s.Variant]++
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%d\t%.2f\t%.2f\n", s.Variant, s.P50ms, s.P99ms, s.MaxMs, s.Errors, s.P50ms/rawP50[i], s.P99ms/rawP99[i])
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.2f\n", s.Variant, s.P50ms, s.P99ms, s.MaxMs, s.Errors, s.P50ms/rawP50[i], s.P99ms/rawP99[i],
+			s.ProcessCPUus, s.PGCPUus, (s.ProcessCPUus+s.PGCPUus)/rawCPU[i])
 	}
 	tw.Flush()
 	best := map[string]loadStep{}
