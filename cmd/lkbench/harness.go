@@ -275,6 +275,43 @@ func (l *openLoop) window(from, to time.Time) latency {
 	return out
 }
 
+// excess sums, over the requests scheduled in [from, to), how much longer
+// each took than base: the writer's extra waiting in milliseconds (a
+// request faster than base counts negative, so noise sums towards zero),
+// and how many requests that was.
+func (l *openLoop) excess(from, to time.Time, base time.Duration) (ms float64, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var sum time.Duration
+	for _, s := range l.samples {
+		if s.sched.Before(from) || !s.sched.Before(to) {
+			continue
+		}
+		sum += s.lat - base
+		n++
+	}
+	return float64(sum) / 1e6, n
+}
+
+// mean is the mean latency of the requests scheduled in [from, to).
+func (l *openLoop) mean(from, to time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var sum time.Duration
+	n := 0
+	for _, s := range l.samples {
+		if s.sched.Before(from) || !s.sched.Before(to) {
+			continue
+		}
+		sum += s.lat
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / time.Duration(n)
+}
+
 func ms(d time.Duration) float64 { return math.Round(float64(d)/1e4) / 100 }
 
 func logger(w io.Writer) func(string, ...any) {

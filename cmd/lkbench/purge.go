@@ -106,8 +106,21 @@ type purgeResult struct {
 	// 1.0 means every row cost a whole 8 kB page in the WAL, the bound of
 	// a checkpoint just before the purge and one row per page.
 	FPIPerRow float64 `json:"wal_fpi_per_row,omitempty"`
-	During    latency `json:"writer_during"`
-	After     latency `json:"writer_after"`
+	// Before is the writer's warm-up window, immediately before the purge
+	// (or the no-purge window), After the window right after it.
+	Before latency `json:"writer_before"`
+	During latency `json:"writer_during"`
+	After  latency `json:"writer_after"`
+	// ExcessMs is the writer's extra waiting over the purge and the window
+	// after it, the same measure for every variant whatever its length:
+	// the sum over those requests of their latency less the mean latency
+	// of the window before (ms). ExcessMsPer1kRows divides it by the rows
+	// purged; ExcessMsPerSec by the seconds it covers (for the no-purge
+	// variant, the noise floor: what the same span costs with no purge).
+	ExcessMs          float64 `json:"excess_writer_ms"`
+	ExcessSeconds     float64 `json:"excess_window_seconds"`
+	ExcessMsPer1kRows float64 `json:"excess_writer_ms_per_1000_rows,omitempty"`
+	ExcessMsPerSec    float64 `json:"excess_writer_ms_per_second"`
 	// Autovacuums of idempotency_keys and checkpoints that began while the
 	// purge ran (or during the no-purge window): vacuum follows a purge.
 	Autovacuums int64 `json:"autovacuums_during"`
@@ -479,8 +492,16 @@ func runVariant(ctx context.Context, srv *server, base, name string, lkCfg expir
 	t2 := time.Now()
 	stopLoop()
 	<-loopDone
+	res.Before = loop.window(t0.Add(-warmup), t0)
 	res.During = loop.window(t0, t1)
 	res.After = loop.window(t1, t2)
+	res.ExcessMs, _ = loop.excess(t0, t2, loop.mean(t0.Add(-warmup), t0))
+	res.ExcessMs = round2(res.ExcessMs)
+	res.ExcessSeconds = round2(t2.Sub(t0).Seconds())
+	res.ExcessMsPerSec = round2(res.ExcessMs / t2.Sub(t0).Seconds())
+	if res.Rows > 0 {
+		res.ExcessMsPer1kRows = round2(res.ExcessMs / float64(res.Rows) * 1000)
+	}
 	res.Timeline = loop.timeline(t0.Add(-warmup), t2)
 	logf("%s: writer during p50 %.2fms p99 %.2fms max %.2fms; after p50 %.2fms p99 %.2fms max %.2fms",
 		name, res.During.P50ms, res.During.P99ms, res.During.MaxMs, res.After.P50ms, res.After.P99ms, res.After.MaxMs)
@@ -501,7 +522,7 @@ func printPurgeResults(w io.Writer, results []purgeResult) {
 		return fmt.Sprintf(" (%.2fx)", v/b)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "variant\trows\tseconds\trows/s\tWAL B/row\twriter during: p50\tp99\tmax\tafter 15s: p50\tp99\tmax\tautovacuums\tcheckpoints")
+	fmt.Fprintln(tw, "variant\trows\tseconds\trows/s\tWAL B/row\twriter before: p50\tp99\tduring: p50\tp99\tmax\tafter: p50\tp99\tmax\texcess ms (over s)\tper 1,000 rows\tautovacuums\tcheckpoints")
 	for _, r := range results {
 		var b50, b99 float64
 		if base != nil {
@@ -514,11 +535,16 @@ func printPurgeResults(w io.Writer, results []purgeResult) {
 		if r.FPIPerRow > 0 {
 			wal += fmt.Sprintf(" (%.2f FPI)", r.FPIPerRow)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.0f\t%s\t%.2f ms%s\t%.2f ms%s\t%.1f ms\t%.2f ms%s\t%.2f ms%s\t%.1f ms\t%d\t%d\n",
+		per1k := "–"
+		if r.Rows > 0 {
+			per1k = fmt.Sprintf("%.1f", r.ExcessMsPer1kRows)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.0f\t%s\t%.2f ms\t%.2f ms\t%.2f ms%s\t%.2f ms%s\t%.1f ms\t%.2f ms%s\t%.2f ms%s\t%.1f ms\t%.0f (%.0f s)\t%s\t%d\t%d\n",
 			r.Variant, r.Rows, r.Seconds, r.RowsPerSecond, wal,
+			r.Before.P50ms, r.Before.P99ms,
 			r.During.P50ms, ratio(r.During.P50ms, b50), r.During.P99ms, ratio(r.During.P99ms, b99), r.During.MaxMs,
 			r.After.P50ms, ratio(r.After.P50ms, b50), r.After.P99ms, ratio(r.After.P99ms, b99), r.After.MaxMs,
-			r.Autovacuums, r.Checkpoints)
+			r.ExcessMs, r.ExcessSeconds, per1k, r.Autovacuums, r.Checkpoints)
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -567,15 +593,28 @@ func printPurgeSpread(w io.Writer, names []string, results []purgeResult) {
 		fmt.Fprintln(w, "no 'none' variant: no ratios, no noise floor (add none to --variants)")
 		return
 	}
+	// The excess's noise floor: the no-purge windows' extra waiting per
+	// second, over as many seconds as the variant's purge and after
+	// window took per 1,000 rows.
+	var noneRate []float64
+	for _, r := range results {
+		if r.Variant == "none" {
+			noneRate = append(noneRate, r.ExcessMsPerSec)
+		}
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "variant\trounds\tduring p50 / none: median\t[min, max]\tp99 / none: median\t[min, max]\trows/s median")
+	fmt.Fprintln(tw, "variant\trounds\tduring p50 / none: median\t[min, max]\tp99 / none: median\t[min, max]\trows/s median\texcess writer ms per 1,000 rows: median\t[min, max]\tnone's over the same span: [min, max]")
 	for _, name := range names {
-		var r50, r99, rps []float64
+		var r50, r99, rps, ex, span []float64
 		for _, r := range results {
 			if r.Variant == name {
 				r50 = append(r50, r.During.P50ms/base.P50ms)
 				r99 = append(r99, r.During.P99ms/base.P99ms)
 				rps = append(rps, r.RowsPerSecond)
+				if r.Rows > 0 {
+					ex = append(ex, r.ExcessMsPer1kRows)
+					span = append(span, r.ExcessSeconds/float64(r.Rows)*1000)
+				}
 			}
 		}
 		if len(r50) == 0 {
@@ -585,8 +624,17 @@ func printPurgeSpread(w io.Writer, names []string, results []purgeResult) {
 		if name == "none" {
 			label = "none (noise floor)"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2fx\t[%.2f, %.2f]\t%.2fx\t[%.2f, %.2f]\t%.0f\n", label, len(r50),
-			median(r50), slices.Min(r50), slices.Max(r50), median(r99), slices.Min(r99), slices.Max(r99), median(rps))
+		excess := "–\t–\t–"
+		if len(ex) > 0 {
+			floor := "–"
+			if len(noneRate) > 0 {
+				sp := median(span)
+				floor = fmt.Sprintf("[%.1f, %.1f]", slices.Min(noneRate)*sp, slices.Max(noneRate)*sp)
+			}
+			excess = fmt.Sprintf("%.1f\t[%.1f, %.1f]\t%s", median(ex), slices.Min(ex), slices.Max(ex), floor)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2fx\t[%.2f, %.2f]\t%.2fx\t[%.2f, %.2f]\t%.0f\t%s\n", label, len(r50),
+			median(r50), slices.Min(r50), slices.Max(r50), median(r99), slices.Min(r99), slices.Max(r99), median(rps), excess)
 	}
 	tw.Flush()
 }
