@@ -43,6 +43,14 @@ type Options struct {
 	StartTimeout time.Duration
 }
 
+// startTimeout is StartTimeout, or its default of 60s.
+func (o Options) startTimeout() time.Duration {
+	if o.StartTimeout == 0 {
+		return 60 * time.Second
+	}
+	return o.StartTimeout
+}
+
 // Server is a running ephemeral cluster.
 type Server struct {
 	// URL connects as the superuser "postgres" to database "postgres".
@@ -107,11 +115,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	timeout := opts.StartTimeout
-	if timeout == 0 {
-		timeout = 60 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, opts.startTimeout())
 	defer cancel()
 
 	cred, uid, gid, err := runAs()
@@ -238,11 +242,7 @@ func (s *Server) Restart(ctx context.Context, whileDown func(dataDir string) err
 			return err
 		}
 	}
-	timeout := s.opts.StartTimeout
-	if timeout == 0 {
-		timeout = 60 * time.Second
-	}
-	sctx, cancel := context.WithTimeout(ctx, timeout)
+	sctx, cancel := context.WithTimeout(ctx, s.opts.startTimeout())
 	defer cancel()
 	if err := s.startPostmaster(sctx, s.data, s.Port, s.cred, s.opts); err != nil {
 		return fmt.Errorf("pgembed: restart: %w", err)
